@@ -1,0 +1,51 @@
+"""Packaging for ``snapshot``. Runtime needs torch (CPU or CUDA build) and dill only."""
+
+import re
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+HERE = Path(__file__).parent
+VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "snapshot/_version.py").read_text()).group(1)
+
+# torch: a range that 2.13.0 satisfies, bounded above so that a fresh install never pulls a
+# newer (multi-GB CUDA) build by surprise.
+TORCH = "torch>=2.4,<2.14"
+
+EXTRAS = {
+    "torchdata": ["torchdata==0.9.0"],
+    "accelerate": ["accelerate>=1.0"],
+    "lightning": ["lightning>=2.3"],
+    "graph": ["graphviz>=0.20"],
+}
+EXTRAS["dev"] = [
+    "torchdata==0.9.0",
+    "numpy>=1.26",
+    "pytest>=8.0",
+    "pytest-timeout>=2.3",
+    "hypothesis>=6.100",
+    "ruff==0.17.6",
+    "mypy==2.4.1",
+]
+
+setup(
+    name="snapshot",
+    version=VERSION,
+    description="Exact, portable snapshots of PyTorch DataPipe graphs, and a maintained DataLoader2",
+    long_description=(HERE / "README.md").read_text(),
+    long_description_content_type="text/markdown",
+    license="BSD-3-Clause",
+    python_requires=">=3.10",
+    packages=find_packages(include=["snapshot", "snapshot.*"]),
+    package_data={"snapshot": ["py.typed"]},
+    install_requires=[TORCH, "dill>=0.3.8"],
+    extras_require=EXTRAS,
+    entry_points={"console_scripts": ["snapshot=snapshot.cli:main"]},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3.10",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)

@@ -1,0 +1,86 @@
+"""Exact, portable snapshots of PyTorch DataPipe graphs, and the DataLoader2 that runs them.
+
+Save where a data stream stands at any step, and continue it later, bit for bit, in another
+process or on another machine::
+
+    import snapshot
+
+    dl = snapshot.DataLoader2(datapipe)
+    dl.seed(42)
+    for step, batch in enumerate(dl):
+        ...
+        if step % 1000 == 0:
+            dl.save_snapshot("ckpt/data.snap")
+
+    # later, in a new process
+    dl = snapshot.DataLoader2.from_snapshot("ckpt/data.snap")
+
+See ``docs/`` for the concepts (graph, restore strategies, logical shards) and the file format.
+"""
+
+from snapshot._version import __version__
+from snapshot.capture import Snapshot, capture, load, save
+from snapshot.dataloader2 import DataLoader2, DataLoader2Iterator
+from snapshot.errors import (
+    CorruptSnapshotError,
+    EmptySnapshotError,
+    ExecutionError,
+    ForeignFileError,
+    GraphMismatchError,
+    LayoutError,
+    PositionError,
+    RankError,
+    RestoreError,
+    SerializationError,
+    ShardingError,
+    SignatureError,
+    SnapshotError,
+    SnapshotFileError,
+    StrategyError,
+    TruncatedSnapshotError,
+    VerificationError,
+    VersionSkewError,
+    WorkerError,
+)
+from snapshot.format import read_manifest
+from snapshot.randomness import SeedGenerator
+from snapshot.reading_service.base import ReadingServiceInterface
+from snapshot.reading_service.in_process import InProcessReadingService
+from snapshot.restore import RestoreStrategy, restore
+from snapshot.sharding import WorkerInfo
+
+__all__ = [
+    "CorruptSnapshotError",
+    "DataLoader2",
+    "DataLoader2Iterator",
+    "EmptySnapshotError",
+    "ExecutionError",
+    "ForeignFileError",
+    "GraphMismatchError",
+    "InProcessReadingService",
+    "LayoutError",
+    "PositionError",
+    "RankError",
+    "ReadingServiceInterface",
+    "RestoreError",
+    "RestoreStrategy",
+    "SeedGenerator",
+    "SerializationError",
+    "ShardingError",
+    "SignatureError",
+    "Snapshot",
+    "SnapshotError",
+    "SnapshotFileError",
+    "StrategyError",
+    "TruncatedSnapshotError",
+    "VerificationError",
+    "VersionSkewError",
+    "WorkerError",
+    "WorkerInfo",
+    "__version__",
+    "capture",
+    "load",
+    "read_manifest",
+    "restore",
+    "save",
+]

@@ -1,0 +1,7 @@
+"""``python -m snapshot`` is the ``snapshot`` command."""
+
+import sys
+
+from snapshot.cli import main
+
+sys.exit(main())

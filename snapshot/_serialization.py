@@ -1,0 +1,106 @@
+"""Pickling, in one place: the only module that imports ``dill``.
+
+Graphs are pickled with ``dill`` so that lambdas and local functions survive (as
+torchdata's DataLoader2 did). States and payloads try the standard ``pickle`` first, which
+is faster, and fall back to ``dill``. A failure is reported as a :class:`SerializationError`
+that names the DataPipe (node path and type) and the attribute that cannot be pickled.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import dill
+
+from snapshot.errors import SerializationError
+from snapshot.graph import Graph
+
+__all__ = ["clone", "dumps", "dumps_graph", "loads", "loads_graph"]
+
+_PICKLE = b"P"
+_DILL = b"D"
+
+
+def dumps(obj: Any, *, what: str = "object") -> bytes:
+    """Pickle ``obj``; the first byte records which pickler was used."""
+    try:
+        return _PICKLE + pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - any pickle failure falls back to dill
+        pass
+    try:
+        return _DILL + dill.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        raise SerializationError(
+            f"cannot pickle the {what}: {type(exc).__name__}: {exc}. "
+            "Every value a snapshot stores must be picklable by pickle or dill."
+        ) from exc
+
+
+def loads(data: bytes, *, what: str = "object") -> Any:
+    """Inverse of :func:`dumps`. Only call it on verified bytes."""
+    tag, body = data[:1], data[1:]
+    try:
+        if tag == _PICKLE:
+            return pickle.loads(body)
+        if tag == _DILL:
+            return dill.loads(body)
+    except (ModuleNotFoundError, AttributeError) as exc:
+        raise SerializationError(
+            f"cannot unpickle the {what}: {exc}. It refers to code that is not importable "
+            "here; install the module that defines it, or build the graph in code and pass "
+            "it to DataLoader2 before restoring."
+        ) from exc
+    except Exception as exc:
+        raise SerializationError(f"cannot unpickle the {what}: {type(exc).__name__}: {exc}") from exc
+    raise SerializationError(f"cannot unpickle the {what}: unknown pickler tag {tag!r}")
+
+
+def _culprit(graph: Any) -> str:
+    """Name the innermost node (and attribute) that stops the graph from pickling."""
+    for node in reversed(graph.nodes):  # inputs come after their consumers in graph order
+        try:
+            dill.dumps(node.datapipe)
+            continue
+        except Exception as exc:  # noqa: BLE001 - diagnosing an arbitrary pickling failure
+            error = exc
+        inputs = {id(graph.by_path[p].datapipe) for p in node.inputs}
+        try:
+            attributes = dict(vars(node.datapipe))
+        except TypeError:
+            attributes = {}
+        for name, value in attributes.items():
+            if id(value) in inputs:
+                continue
+            try:
+                dill.dumps(value)
+            except Exception as attr_error:  # noqa: BLE001 - same diagnosis, per attribute
+                return (
+                    f"the DataPipe at {node.path} ({node.signature}) holds attribute "
+                    f"{name!r} = {type(value).__name__} that cannot be pickled "
+                    f"({type(attr_error).__name__}: {attr_error})"
+                )
+        return f"the DataPipe at {node.path} ({node.signature}) cannot be pickled ({error})"
+    return "the graph cannot be pickled"
+
+
+def dumps_graph(datapipe: Any) -> bytes:
+    """Pickle a DataPipe graph with dill, naming the pipe that fails."""
+    try:
+        return _DILL + dill.dumps(datapipe, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        detail = _culprit(Graph(datapipe))
+        raise SerializationError(
+            f"cannot pickle the DataPipe graph: {detail}. Make that value picklable, or save "
+            "with include_graph=False and rebuild the same graph in code before restoring."
+        ) from exc
+
+
+def loads_graph(data: bytes) -> Any:
+    return loads(data, what="DataPipe graph")
+
+
+def clone(datapipe: Any) -> tuple[Any, bytes]:
+    """A deep copy of a graph through its pickle; also returns the pickle."""
+    data = dumps_graph(datapipe)
+    return loads_graph(data), data

@@ -1,0 +1,204 @@
+"""The :class:`Snapshot`, :func:`capture`, :func:`save` and :func:`load`.
+
+A snapshot has two halves. The *manifest* is plain JSON that describes everything a person
+or a tool needs to see (versions, the graph as a tree of node paths, positions, seeds,
+layout, sizes, checksums) and is readable without unpickling. The *payload* holds what
+a restore needs as Python objects: the loader and reading-service state (node states,
+buffered samples), and optionally the pickled graph and reading-service configuration.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import platform
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+import torch
+
+from snapshot import _serialization, format
+from snapshot._version import __version__
+from snapshot.errors import CorruptSnapshotError, SnapshotFileError
+
+__all__ = ["LoaderState", "Snapshot", "capture", "load", "save"]
+
+
+@dataclass
+class LoaderState:
+    """What a loader reports for a capture (see ``DataLoader2._snapshot_source``)."""
+
+    epoch: int
+    yielded: int
+    epoch_finished: bool
+    seed: int | None
+    seed_given: bool
+    pending_seed: int | None
+    generator: dict[str, Any] | None
+    service: dict[str, Any]
+    service_name: str
+    graph_nodes: list[dict[str, Any]]
+    graph_fingerprint: str
+    graph_bytes: bytes | None
+    service_bytes: bytes | None
+
+    def restore_state(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "yielded": self.yielded,
+            "epoch_finished": self.epoch_finished,
+            "seed": self.seed,
+            "seed_given": self.seed_given,
+            "pending_seed": self.pending_seed,
+            "generator": self.generator,
+            "service": self.service,
+        }
+
+
+def _fingerprint(value: Any) -> str:
+    return hashlib.sha256(repr(value).encode()).hexdigest()[:12]
+
+
+def _versions() -> dict[str, str]:
+    versions = {"snapshot": __version__, "torch": str(torch.__version__),
+                "python": platform.python_version()}
+    for package in ("dill", "torchdata"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def _shard_manifest(shard: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "yielded": shard.get("yielded", 0),
+        "exhausted": shard.get("exhausted", False),
+        "nodes": {path: {"yielded": record.get("yielded")}
+                  for path, record in shard.get("nodes", {}).items()},
+    }
+
+
+def _manifest(source: LoaderState, payload: bytes, parts: dict[str, int]) -> dict[str, Any]:
+    service = source.service
+    seeds = service.get("seeds", {})
+    node_seeds: dict[str, str] = {}
+    for path, seed in seeds.get("shared", {}).items():
+        node_seeds[path] = _fingerprint(seed)
+    for shard_index, shard_seeds in enumerate(seeds.get("shards", [])):
+        for path, seed in shard_seeds.items():
+            key = path if len(seeds["shards"]) == 1 else f"{path}@shard{shard_index}"
+            node_seeds[key] = _fingerprint(seed)
+    return {
+        format.FORMAT: format.FORMAT_VERSION,
+        format.CREATED: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds"),
+        format.VERSIONS: _versions(),
+        "loader": {
+            "epoch": source.epoch,
+            "yielded": source.yielded,
+            "epoch_finished": source.epoch_finished,
+        },
+        "randomness": {
+            "seed": source.seed,
+            "seed_source": "user" if source.seed_given else ("drawn" if source.seed is not None else None),
+            "node_seeds": node_seeds,
+        },
+        "graph": {
+            "fingerprint": source.graph_fingerprint,
+            "included": source.graph_bytes is not None,
+            "nodes": source.graph_nodes,
+        },
+        "service": {"name": source.service_name, **service.get("layout", {})},
+        "shards": [_shard_manifest(s) for s in service.get("shards", [])],
+        format.PAYLOAD: {**format.payload_record(payload), "parts": parts},
+    }
+
+
+class Snapshot:
+    """A captured data position: a JSON ``manifest`` plus the objects a restore needs."""
+
+    def __init__(self, manifest: dict[str, Any], state: dict[str, Any],
+                 graph: bytes | None, service: bytes | None, payload: bytes):
+        self.manifest = manifest
+        self.state = state
+        self.graph = graph
+        self.service = service
+        self._payload = payload
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the snapshot was taken in (``-1`` before the first)."""
+        return int(self.manifest["loader"]["epoch"])
+
+    @property
+    def yielded(self) -> int:
+        """Samples the loader had yielded in that epoch."""
+        return int(self.manifest["loader"]["yielded"])
+
+    @property
+    def seed(self) -> int | None:
+        return self.manifest["randomness"]["seed"]
+
+    def __repr__(self) -> str:
+        return (f"Snapshot(epoch={self.epoch}, yielded={self.yielded}, "
+                f"nodes={len(self.manifest['graph']['nodes'])}, "
+                f"graph={'included' if self.graph is not None else 'not included'})")
+
+    def to_bytes(self, *, key: bytes | str | None = None) -> bytes:
+        """The snapshot file's bytes (signed when a key is given or ``$SNAPSHOT_KEY`` is set)."""
+        return format.pack(self.manifest, self._payload, key=key)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The plain-dict form: ``{"snapshot_format", "manifest", "payload"}``."""
+        return format.to_state_dict(self.manifest, self._payload)
+
+    @classmethod
+    def from_container(cls, container: format.Container, *, source: str) -> Snapshot:
+        assert container.payload is not None
+        body = _serialization.loads(container.payload, what=f"snapshot payload of {source}")
+        if not isinstance(body, dict) or "state" not in body:
+            raise CorruptSnapshotError("the payload does not hold a snapshot state", source=source)
+        return cls(container.manifest, body["state"], body.get("graph"), body.get("service"),
+                   container.payload)
+
+
+def capture(loader: Any, *, include_graph: bool = True) -> Snapshot:
+    """Capture the current position of ``loader`` (a :class:`~snapshot.DataLoader2`)."""
+    source: LoaderState = loader._snapshot_source(include_graph=include_graph)
+    state = source.restore_state()
+    body = {"state": state, "graph": source.graph_bytes, "service": source.service_bytes}
+    payload = _serialization.dumps(body, what="snapshot state")
+    parts = {"graph": len(source.graph_bytes or b""), "service": len(source.service_bytes or b""),
+             "state": len(payload) - len(source.graph_bytes or b"") - len(source.service_bytes or b"")}
+    return Snapshot(_manifest(source, payload, parts), state, source.graph_bytes,
+                    source.service_bytes, payload)
+
+
+def save(snap: Snapshot, dest: format.PathOrFile, *, key: bytes | str | None = None) -> None:
+    """Write ``snap`` to ``dest`` atomically (a path) or to a binary file object."""
+    format.atomic_write(dest, snap.to_bytes(key=key))
+
+
+def load(src: Any, *, key: bytes | str | None = None) -> Snapshot:
+    """Read and verify a snapshot (path, binary file, bytes or state dict); then unpickle it.
+
+    With ``key`` (or ``$SNAPSHOT_KEY``) an unsigned or tampered file is refused before
+    anything is unpickled.
+    """
+    if isinstance(src, Snapshot):
+        return src
+    if isinstance(src, Mapping):
+        container = format.from_state_dict(src)
+        source = "<state_dict>"
+    elif isinstance(src, (bytes, bytearray, memoryview)):
+        container = format.unpack(bytes(src), source="<bytes>", key=key)
+        source = "<bytes>"
+    else:
+        try:
+            container = format.read_container(src, key=key)
+        except OSError as exc:
+            raise SnapshotFileError(f"cannot read the snapshot: {exc}", source=str(src)) from exc
+        source = str(getattr(src, "name", src))
+    return Snapshot.from_container(container, source=source)

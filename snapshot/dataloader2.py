@@ -1,0 +1,372 @@
+"""``DataLoader2``: torchdata 0.9's loader, kept alive, that saves and restores exact positions.
+
+Migrating from torchdata 0.9 is a change of import: the constructor, iteration, ``seed``,
+``shutdown``, the context manager, ``state_dict``, ``load_state_dict`` and ``from_state``
+behave as they did, except that a state dict now resumes *mid-epoch* (0.9 restarted the
+epoch). On top of that: ``save_snapshot``, ``restore_snapshot`` and ``from_snapshot``.
+
+Epochs follow torchdata 0.9: each ``iter(loader)`` after the previous iterator was used
+starts a new epoch; the seed set by ``seed()`` seeds the first epoch after the call, and
+later epochs continue the same seed sequence. Without ``seed()``, every epoch draws a seed
+from torch's global generator (without advancing it), and the drawn seed is saved.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterable, Iterator
+from typing import Any, Generic, TypeVar
+
+from torch.utils.data import IterDataPipe, MapDataPipe
+
+from snapshot import _serialization
+from snapshot.capture import LoaderState, Snapshot, capture, save
+from snapshot.errors import SnapshotError
+from snapshot.format import PathOrFile
+from snapshot.graph import Graph
+from snapshot.randomness import UINT64_LIMIT, SeedGenerator, draw_seed
+from snapshot.reading_service.base import ReadingServiceInterface
+from snapshot.reading_service.in_process import InProcessReadingService
+from snapshot.restore import RestoreStrategy, check_graph, check_strategy
+from snapshot.restore import restore as _restore_into
+
+__all__ = ["DataLoader2", "DataLoader2Iterator"]
+
+T_co = TypeVar("T_co", covariant=True)
+
+_INVALIDATED = (
+    "This iterator has been invalidated because another iterator has been created from the "
+    "same DataLoader2. Keep a single iterator per DataLoader2."
+)
+
+
+class DataLoader2Iterator(Iterator[T_co]):
+    """The iterator ``iter(DataLoader2)`` returns; only the newest one is valid."""
+
+    def __init__(self, dataloader: DataLoader2[T_co], iterator_id: int):
+        self.dataloader = dataloader
+        self.iterator_id = iterator_id
+
+    def __iter__(self) -> DataLoader2Iterator[T_co]:
+        return self
+
+    def __next__(self) -> T_co:
+        loader = self.dataloader
+        if self.iterator_id != loader.valid_iterator_id:
+            raise RuntimeError(_INVALIDATED)
+        loader._reset_iter = True
+        it = loader._datapipe_iter
+        if it is None:
+            raise StopIteration
+        try:
+            item = next(it)
+        except StopIteration:
+            loader._end_epoch()
+            raise
+        except Exception:
+            loader.shutdown()
+            raise
+        loader._yielded += 1
+        return item
+
+
+class DataLoader2(Generic[T_co]):
+    """Load data from a DataPipe graph through a reading service, with exact snapshots.
+
+    Args:
+        datapipe: the graph's sink. A ``MapDataPipe`` is converted with
+            ``to_iter_datapipe()``. The loader works on a deep copy, so the same graph can
+            feed several loaders. ``None`` only with ``load_state_dict``/``from_state``.
+        datapipe_adapter_fn: an adapter or a list of adapters applied to the copy.
+        reading_service: where the graph runs; default ``InProcessReadingService()``.
+            The loader works on a copy of it.
+
+    Example:
+        >>> from torch.utils.data.datapipes.iter import IterableWrapper
+        >>> import snapshot
+        >>> dl = snapshot.DataLoader2(IterableWrapper(range(10)).shuffle().batch(3))
+        >>> dl.seed(0)
+        >>> it = iter(dl)
+        >>> first = next(it)
+        >>> snap = dl.save_snapshot()
+        >>> rest = list(it)
+        >>> dl2 = snapshot.DataLoader2.from_snapshot(snap)
+        >>> list(dl2) == rest
+        True
+    """
+
+    def __init__(
+        self,
+        datapipe: Any,
+        datapipe_adapter_fn: Any = None,
+        reading_service: ReadingServiceInterface | None = None,
+    ) -> None:
+        if datapipe is not None and not isinstance(datapipe, (IterDataPipe, MapDataPipe)):
+            raise TypeError(
+                f"DataLoader2 expects an IterDataPipe or MapDataPipe, got {type(datapipe).__name__}"
+            )
+        if isinstance(datapipe, MapDataPipe):
+            datapipe = datapipe.to_iter_datapipe()
+        if datapipe_adapter_fn is None:
+            self.datapipe_adapter_fns: list[Any] | None = None
+        elif isinstance(datapipe_adapter_fn, Iterable):
+            self.datapipe_adapter_fns = list(datapipe_adapter_fn)
+        else:
+            self.datapipe_adapter_fns = [datapipe_adapter_fn]
+        service = reading_service if reading_service is not None else InProcessReadingService()
+        if not isinstance(service, ReadingServiceInterface):
+            raise TypeError(
+                f"reading_service must implement snapshot.ReadingServiceInterface, got "
+                f"{type(service).__name__}. torchdata's own reading services cannot take "
+                "snapshots; use the ones from snapshot with the same names."
+            )
+        self._service_bytes = _serialization.dumps(service, what="reading service")
+        self.reading_service: ReadingServiceInterface = _serialization.loads(self._service_bytes)
+        self.datapipe: Any = None
+        self._graph: Graph | None = None
+        self._graph_bytes: bytes | None = None
+        if datapipe is not None:
+            self._set_graph(datapipe, adapt=True)
+        self._end: Iterable[Any] | None = None
+        self._datapipe_iter: Iterator[Any] | None = None
+        self._reset_iter = True
+        self._terminated = False
+        self.valid_iterator_id: int | None = None
+        # Randomness (torchdata 0.9 semantics) and position.
+        self._seed: int | None = None
+        self._reset_seed = True
+        self._generator: SeedGenerator | None = None
+        self._epoch_seed: int | None = None
+        self._epoch_seed_given = False
+        self._epoch = -1
+        self._yielded = 0
+        self._epoch_finished = False
+
+    def _set_graph(self, datapipe: Any, *, adapt: bool) -> None:
+        """Work on a private copy of ``datapipe``; keep its pickle for snapshots."""
+        datapipe, data = _serialization.clone(datapipe)
+        if adapt and self.datapipe_adapter_fns is not None:
+            for adapter_fn in self.datapipe_adapter_fns:
+                datapipe = adapter_fn(datapipe)
+            data = _serialization.dumps_graph(datapipe)
+        self._set_graph_bytes(data, datapipe)
+
+    def _set_graph_bytes(self, data: bytes, datapipe: Any = None) -> None:
+        self._graph_bytes = data
+        self.datapipe = datapipe if datapipe is not None else _serialization.loads_graph(data)
+        self._graph = Graph(self.datapipe)
+
+    # -- iteration ------------------------------------------------------------------------
+
+    def __iter__(self) -> DataLoader2Iterator[T_co]:
+        if self.datapipe is None:
+            raise RuntimeError("Please provide datapipe or use load_state_dict to load datapipe from state")
+        if self._terminated:
+            raise RuntimeError("Cannot iterate over the DataLoader as it has already been shut down")
+        if self._reset_iter:
+            self._start_epoch()
+            self._reset_iter = False
+        self.valid_iterator_id = 0 if self.valid_iterator_id is None else self.valid_iterator_id + 1
+        return DataLoader2Iterator(self, self.valid_iterator_id)
+
+    def _start_epoch(self) -> None:
+        if self._seed is not None:
+            if self._reset_seed or self._generator is None:
+                self._generator = SeedGenerator(self._seed)
+                self._epoch_seed, self._epoch_seed_given = self._seed, True
+                self._reset_seed = False
+        else:
+            drawn = draw_seed()
+            self._generator = SeedGenerator(drawn)
+            self._epoch_seed, self._epoch_seed_given = drawn, False
+        self._ensure_initialized()
+        assert self._generator is not None
+        self.reading_service.initialize_iteration(self._generator)
+        self._epoch += 1
+        self._yielded = 0
+        self._epoch_finished = False
+        assert self._end is not None
+        self._datapipe_iter = iter(self._end)
+
+    def _ensure_initialized(self) -> None:
+        if self._end is None:
+            self._end = self.reading_service.initialize(self.datapipe)
+
+    def _end_epoch(self) -> None:
+        self._epoch_finished = True
+        self.reading_service.finalize_iteration()
+
+    def seed(self, seed: int) -> None:
+        """Seed the next epoch (and, through it, every later one). ``seed`` is a uint64."""
+        if not 0 <= seed < UINT64_LIMIT:
+            raise ValueError(f"Expected an uint64 seed, but got {seed}.")
+        self._seed = seed
+        self._reset_seed = True
+
+    def shutdown(self) -> None:
+        """Stop the reading service (worker processes, ...). Safe to call twice."""
+        if not self._terminated:
+            self._terminated = True
+            service = getattr(self, "reading_service", None)
+            if service is not None:
+                service.finalize_iteration()
+                service.finalize()
+        self._reset_iter = True
+        self._datapipe_iter = None
+
+    def __del__(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
+
+    def __enter__(self) -> DataLoader2[T_co]:
+        return self
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        self.shutdown()
+
+    # -- snapshots ------------------------------------------------------------------------
+
+    def _snapshot_source(self, *, include_graph: bool) -> LoaderState:
+        if self._graph is None:
+            raise SnapshotError("this DataLoader2 has no graph yet; nothing to capture")
+        service_state = self.reading_service.checkpoint() if self._epoch >= 0 else {}
+        return LoaderState(
+            epoch=self._epoch,
+            yielded=self._yielded,
+            epoch_finished=self._epoch_finished,
+            seed=self._epoch_seed if self._epoch >= 0 else None,
+            seed_given=self._epoch_seed_given,
+            pending_seed=self._seed if self._reset_seed else None,
+            generator=self._generator.state() if self._generator is not None else None,
+            service=service_state,
+            service_name=type(self.reading_service).__name__,
+            graph_nodes=self._graph.describe(),
+            graph_fingerprint=self._graph.fingerprint,
+            graph_bytes=self._graph_bytes if include_graph else None,
+            service_bytes=self._service_bytes,
+        )
+
+    def save_snapshot(
+        self, dest: PathOrFile | None = None, *, include_graph: bool = True,
+        key: bytes | str | None = None,
+    ) -> Snapshot:
+        """Capture the current position; write it atomically to ``dest`` when given.
+
+        ``include_graph=False`` leaves the pickled graph out (restore then needs the graph
+        built in code). ``key`` (or ``$SNAPSHOT_KEY``) signs the file.
+        """
+        snap = capture(self, include_graph=include_graph)
+        if dest is not None:
+            save(snap, dest, key=key)
+        return snap
+
+    def restore_snapshot(
+        self, src: Any, *, strategy: RestoreStrategy | str = "auto",
+        key: bytes | str | None = None,
+    ) -> Snapshot:
+        """Continue from a snapshot: the next ``iter(loader)`` yields the rest of its epoch.
+
+        ``src`` is a path, a binary file, bytes, a :class:`Snapshot` or a state dict.
+        Everything is validated before the loader changes.
+        """
+        return _restore_into(self, src, strategy=strategy, key=key)
+
+    def _restore(self, snap: Snapshot, strategy: RestoreStrategy) -> None:
+        if self._terminated:
+            raise RuntimeError("Cannot restore a DataLoader2 that has been shut down")
+        if self._graph is None:
+            if snap.graph is None:
+                raise SnapshotError(
+                    "the snapshot does not include the graph (saved with include_graph=False) "
+                    "and this loader has none: build the graph in code and pass it to "
+                    "DataLoader2(...) before restoring."
+                )
+            self._set_graph_bytes(snap.graph)
+        assert self._graph is not None
+        check_graph(snap.manifest["graph"]["nodes"], self._graph)
+        check_strategy(self._graph, strategy)
+        state = snap.state
+        problems = self.reading_service.validate(state["service"]) if state["service"] else []
+        if problems:
+            from snapshot.errors import LayoutError
+
+            raise LayoutError("cannot restore onto this reading service:\n  " + "\n  ".join(problems))
+        # Validated: now change the loader.
+        if self._datapipe_iter is not None:
+            self.reading_service.finalize_iteration()
+            self._datapipe_iter = None
+        self._epoch = int(state["epoch"])
+        self._yielded = int(state["yielded"])
+        self._epoch_finished = bool(state["epoch_finished"])
+        self._epoch_seed = state["seed"]
+        self._epoch_seed_given = bool(state["seed_given"])
+        self._generator = (SeedGenerator.from_state(state["generator"])
+                           if state["generator"] is not None else None)
+        # seed() semantics: a seed given before the snapshot and not yet used stays pending;
+        # otherwise the epoch's own seed keeps driving the seed sequence.
+        self._seed = self._epoch_seed if self._epoch_seed_given else None
+        self._reset_seed = False
+        if state["pending_seed"] is not None:
+            self._seed, self._reset_seed = int(state["pending_seed"]), True
+        if self._epoch < 0:
+            self._datapipe_iter = None
+            self._reset_iter = True
+            return
+        self._end = self.reading_service.restore(self.datapipe, state["service"], strategy=strategy)
+        if self._epoch_finished:
+            self._reset_iter = True
+            self._datapipe_iter = None
+        else:
+            self._datapipe_iter = iter(self._end)
+            self._reset_iter = False
+
+    @classmethod
+    def from_snapshot(
+        cls, src: Any, reading_service: ReadingServiceInterface | None = None, *,
+        strategy: RestoreStrategy | str = "auto", key: bytes | str | None = None,
+    ) -> DataLoader2[Any]:
+        """A loader built from the graph pickled in ``src``, positioned where it was saved.
+
+        Without ``reading_service``, the service saved in the snapshot is used again.
+        """
+        from snapshot.capture import load
+
+        snap = load(src, key=key)
+        if snap.graph is None:
+            raise SnapshotError(
+                "the snapshot was saved with include_graph=False, so it holds no graph: "
+                "build the graph in code, pass it to DataLoader2(...) and call restore_snapshot()."
+            )
+        if reading_service is None and snap.service is not None:
+            reading_service = _serialization.loads(snap.service, what="saved reading service")
+        loader: DataLoader2[Any] = cls(None, reading_service=reading_service)
+        loader._restore(snap, RestoreStrategy.parse(strategy))
+        return loader
+
+    # -- torchdata 0.9 state-dict API -----------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """A plain dict (JSON-able manifest + payload bytes) that resumes mid-epoch.
+
+        It survives ``torch.save``/``torch.load`` (``weights_only=True`` included), and is
+        what accelerate, Lightning and ``torch.distributed.checkpoint`` save.
+        """
+        return capture(self, include_graph=True).state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore from :meth:`state_dict` (mid-epoch; ``strategy="auto"``)."""
+        self.restore_snapshot(state_dict)
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], reading_service: ReadingServiceInterface | None = None
+                   ) -> DataLoader2[Any]:
+        """A loader built from a state dict's pickled graph, positioned where it was saved."""
+        return cls.from_snapshot(state, reading_service)
+
+    def __getstate__(self) -> Any:
+        raise pickle.PicklingError(
+            "a DataLoader2 cannot be pickled; save its position with state_dict() or "
+            "save_snapshot() and rebuild it with from_state() or from_snapshot()"
+        )

@@ -1,0 +1,151 @@
+"""Every error this library raises on purpose.
+
+All of them derive from :class:`SnapshotError`, so ``except snapshot.SnapshotError`` catches
+every refusal. Each message says what happened, where (file, offset, node path, worker,
+rank) and what to do next. A raw ``pickle``, ``zipfile``, ``struct`` or ``json`` error never
+reaches the caller: it is wrapped in one of these, with the original as ``__cause__``.
+
+::
+
+    SnapshotError
+    ├── SnapshotFileError              the bytes on disk cannot be used
+    │   ├── EmptySnapshotError         a zero-length file
+    │   ├── TruncatedSnapshotError     the file ends before its declared size
+    │   ├── CorruptSnapshotError       a checksum does not match, or a part does not decode
+    │   ├── ForeignFileError           not a snapshot at all (a torch checkpoint, a pickle, ...)
+    │   ├── VersionSkewError           written by a format this version cannot read
+    │   └── SignatureError             unsigned, wrongly signed or tampered (with a key)
+    ├── GraphMismatchError             the graph built in code is not the saved graph
+    ├── SerializationError             a pipe or a state cannot be pickled (names the pipe)
+    ├── RestoreError                   the snapshot is valid but cannot be applied here
+    │   ├── PositionError              a saved count is beyond the data available
+    │   ├── StrategyError              the requested strategy cannot restore this graph
+    │   ├── LayoutError                workers, ranks or logical shards cannot be honoured
+    │   └── VerificationError          the restored stream differs from the recorded one
+    ├── ShardingError                  the graph cannot be cut into logical shards
+    └── ExecutionError                 a reading service failed while running
+        ├── WorkerError                a worker raised, died or stopped answering
+        └── RankError                  a distributed peer raised, died or stopped answering
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CorruptSnapshotError",
+    "EmptySnapshotError",
+    "ExecutionError",
+    "ForeignFileError",
+    "GraphMismatchError",
+    "LayoutError",
+    "PositionError",
+    "RankError",
+    "RestoreError",
+    "SerializationError",
+    "ShardingError",
+    "SignatureError",
+    "SnapshotError",
+    "SnapshotFileError",
+    "StrategyError",
+    "TruncatedSnapshotError",
+    "VerificationError",
+    "VersionSkewError",
+    "WorkerError",
+]
+
+
+class SnapshotError(Exception):
+    """Root of every error raised on purpose by ``snapshot``."""
+
+
+class SnapshotFileError(SnapshotError):
+    """A snapshot file (or state dict) cannot be read.
+
+    ``source`` names the file (or ``"<state_dict>"``), ``offset`` the byte where the problem
+    was found when that is known.
+    """
+
+    def __init__(self, message: str, *, source: str | None = None, offset: int | None = None):
+        where = ""
+        if source is not None:
+            where = f"{source}"
+            if offset is not None:
+                where += f" (at byte {offset})"
+            where += ": "
+        super().__init__(where + message)
+        self.source = source
+        self.offset = offset
+
+
+class EmptySnapshotError(SnapshotFileError):
+    """The file has no bytes at all (an interrupted copy, or the wrong path)."""
+
+
+class TruncatedSnapshotError(SnapshotFileError):
+    """The file ends before the size its header declares."""
+
+
+class CorruptSnapshotError(SnapshotFileError):
+    """A checksum does not match, or a part of the file does not decode."""
+
+
+class ForeignFileError(SnapshotFileError):
+    """The file is not a snapshot (a torch checkpoint, a plain pickle, JSON, ...)."""
+
+
+class VersionSkewError(SnapshotFileError):
+    """The file was written in a format version this installation cannot read."""
+
+
+class SignatureError(SnapshotFileError):
+    """A key was given and the file is unsigned, signed with another key, or altered."""
+
+
+class GraphMismatchError(SnapshotError):
+    """The DataPipe graph given for a restore is not the graph that was saved.
+
+    ``differences`` lists one entry per node: ``(path, saved, current)``.
+    """
+
+    def __init__(self, message: str, differences: list[tuple[str, str, str]] | None = None):
+        super().__init__(message)
+        self.differences = list(differences or [])
+
+
+class SerializationError(SnapshotError):
+    """A DataPipe or a state could not be pickled; the message names the pipe."""
+
+
+class RestoreError(SnapshotError):
+    """A valid snapshot that cannot be applied to this loader."""
+
+
+class PositionError(RestoreError):
+    """A saved position (number of samples) is beyond what the data provides now."""
+
+
+class StrategyError(RestoreError):
+    """The requested restore strategy cannot be used for this graph."""
+
+
+class LayoutError(RestoreError):
+    """The saved logical shards cannot be mapped onto the requested workers or ranks."""
+
+
+class VerificationError(RestoreError):
+    """The restored stream differs from the samples recorded when the snapshot was saved."""
+
+
+class ShardingError(SnapshotError):
+    """The graph cannot be cut into logical shards as requested."""
+
+
+class ExecutionError(SnapshotError):
+    """A reading service failed while producing data."""
+
+
+class WorkerError(ExecutionError):
+    """A worker process raised, was killed, or stopped answering within the timeout."""
+
+
+class RankError(ExecutionError):
+    """A distributed peer raised, died, or stopped answering within the timeout."""

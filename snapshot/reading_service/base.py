@@ -1,0 +1,73 @@
+"""The contract between :class:`~snapshot.DataLoader2` and the services that run its graph.
+
+A reading service decides *where* the graph runs (this process, worker processes, ranks).
+The first half of the interface has torchdata 0.9's names and call order::
+
+    initialize(datapipe)              once, before the first epoch
+    initialize_iteration(seeds)       at the start of every epoch
+    finalize_iteration()              when an epoch's iterator is exhausted
+    finalize()                        on shutdown
+
+The second half, checkpoint and restore, is part of the same interface (torchdata kept it
+in an optional subclass): every service can say exactly where its epoch stands and put a
+fresh graph back at that point.
+
+    checkpoint() -> dict              the running epoch's state (see ``ServiceState``)
+    restore(datapipe, state, ...)     instead of ``initialize`` + ``initialize_iteration``
+
+A service's ``initialize`` and ``restore`` return the iterable that the loader iterates for
+the epoch.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from snapshot.randomness import SeedGenerator
+
+__all__ = ["ReadingServiceInterface", "ServiceState"]
+
+#: A service's checkpoint: plain nested dicts. Keys used by every service:
+#: ``"service"`` (class name), ``"layout"`` (workers, ranks, logical shards: JSON-able),
+#: ``"seeds"`` (this epoch's seeds per node path), ``"shards"`` (per logical shard:
+#: ``"yielded"``, ``"exhausted"``, ``"nodes"`` = {path: {"yielded": n, ...}}).
+ServiceState = dict[str, Any]
+
+
+class ReadingServiceInterface(ABC):
+    """How a :class:`~snapshot.DataLoader2` runs its graph, and how it saves and restores it.
+
+    A service must be picklable before ``initialize`` is called: the loader keeps a copy of
+    the unconfigured service in each snapshot so that ``DataLoader2.from_snapshot`` can make
+    the same kind of service again.
+    """
+
+    @abstractmethod
+    def initialize(self, datapipe: Any) -> Iterable[Any]:
+        """Take the loader's graph (once, before the first epoch) and prepare to run it."""
+
+    @abstractmethod
+    def initialize_iteration(
+        self, seed_generator: SeedGenerator, iter_reset_fn: Callable[[Any], Any] | None = None
+    ) -> Callable[[Any], Any] | None:
+        """Start an epoch: draw this epoch's seeds from ``seed_generator`` and reset."""
+
+    def finalize_iteration(self) -> None:  # noqa: B027 - optional hook
+        """The epoch's iterator is exhausted (or abandoned)."""
+
+    def finalize(self) -> None:  # noqa: B027 - optional hook
+        """Release everything (worker processes, process groups). Must be idempotent."""
+
+    @abstractmethod
+    def checkpoint(self) -> ServiceState:
+        """The running epoch's exact state; ``{}`` before the first epoch."""
+
+    @abstractmethod
+    def restore(self, datapipe: Any, state: ServiceState, *, strategy: Any = "auto") -> Iterable[Any]:
+        """Prepare ``datapipe`` and position it where ``state`` was taken."""
+
+    def validate(self, state: ServiceState) -> list[str]:
+        """Problems that would stop :meth:`restore` (checked before anything changes)."""
+        return []

@@ -1,0 +1,84 @@
+"""Fixtures that make every test fail when it leaks processes, threads or environment."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+
+def child_pids() -> set[int]:
+    """Live (non-zombie) child processes of this process."""
+    me = os.getpid()
+    children = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        state, ppid = fields[0], int(fields[1])
+        if ppid == me and state != "Z":
+            children.add(int(entry))
+    return children
+
+
+def _service_pids() -> set[int]:
+    """multiprocessing's own long-lived helpers (resource tracker, forkserver): not leaks."""
+    pids = set()
+    from multiprocessing import forkserver, resource_tracker
+
+    for helper in (getattr(resource_tracker, "_resource_tracker", None),
+                   getattr(forkserver, "_forkserver", None)):
+        pid = getattr(helper, "_pid", None) or getattr(helper, "_forkserver_pid", None)
+        if pid:
+            pids.add(pid)
+    return pids
+
+
+def _threads() -> set[int]:
+    return {t.ident for t in threading.enumerate() if t.is_alive() and t.ident is not None}
+
+
+@pytest.fixture(autouse=True)
+def no_leaks() -> Iterator[None]:
+    """Fail a test that leaves child processes, new threads or changed env vars behind."""
+    env_before = dict(os.environ)
+    children_before = child_pids()
+    threads_before = _threads()
+    yield
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        leaked = child_pids() - children_before - _service_pids()
+        new_threads = {t for t in threading.enumerate()
+                       if t.ident not in threads_before and t.is_alive()
+                       and not t.name.startswith(("QueueFeederThread", "pydevd"))}
+        if not leaked and not new_threads:
+            break
+        time.sleep(0.05)
+    problems = []
+    if leaked:
+        problems.append(f"child processes still running: {sorted(leaked)}")
+    if new_threads:
+        problems.append(f"threads still running: {sorted(t.name for t in new_threads)}")
+    changed = {k for k in set(env_before) | set(os.environ) if env_before.get(k) != os.environ.get(k)}
+    changed.discard("PYTEST_CURRENT_TEST")
+    if changed:
+        problems.append(f"environment variables changed: {sorted(changed)}")
+        os.environ.clear()
+        os.environ.update(env_before)
+    if problems:
+        pytest.fail("test leaked: " + "; ".join(problems))
+
+
+@pytest.fixture
+def data_dir(tmp_path: object) -> str:
+    """A directory of small text and JSON files (see ``graphs.write_files``)."""
+    from tests.graphs import write_files
+
+    return write_files(os.path.join(str(tmp_path), "data"))

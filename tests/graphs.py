@@ -1,0 +1,191 @@
+"""Graph factories shared by the tests.
+
+Module-level functions (or ``functools.partial`` of them) so that they pickle by reference
+and can be rebuilt in a fresh process. Together they use every DataPipe in
+``torch.utils.data.datapipes.iter``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from torch.utils.data.datapipes.iter import (
+    Batcher,
+    Collator,
+    Concater,
+    Demultiplexer,
+    FileLister,
+    FileOpener,
+    Filter,
+    Forker,
+    Grouper,
+    IterableWrapper,
+    Mapper,
+    Multiplexer,
+    RoutedDecoder,
+    Sampler,
+    ShardingFilter,
+    Shuffler,
+    StreamReader,
+    UnBatcher,
+    Zipper,
+)
+
+ALL_ITER_DATAPIPES = {
+    "Batcher", "Collator", "Concater", "Demultiplexer", "FileLister", "FileOpener", "Filter",
+    "Forker", "Grouper", "IterableWrapper", "Mapper", "Multiplexer", "RoutedDecoder", "Sampler",
+    "ShardingFilter", "Shuffler", "StreamReader", "UnBatcher", "Zipper",
+}
+
+
+def double(x: int) -> int:
+    return 2 * x
+
+
+def is_not_multiple_of_5(x: int) -> bool:
+    return x % 5 != 0
+
+
+def mod3(x: int) -> int:
+    return x % 3
+
+
+def parity(x: int) -> int:
+    return x % 2
+
+
+def linear(n: int = 47) -> Any:
+    """Shuffle, map, filter, batch: the common training graph."""
+    dp = IterableWrapper(range(n))
+    dp = Shuffler(dp, buffer_size=7)
+    dp = Mapper(dp, double)
+    dp = Filter(dp, is_not_multiple_of_5)
+    return Batcher(dp, batch_size=4)
+
+
+def linear_lambdas(n: int = 31) -> Any:
+    """The same with lambdas: only dill can pickle this graph."""
+    return IterableWrapper(range(n)).shuffle(buffer_size=5).map(lambda x: x * 3).batch(3)
+
+
+def collate_unbatch(n: int = 29) -> Any:
+    dp = Batcher(IterableWrapper(range(n)), batch_size=5)
+    dp = UnBatcher(dp)
+    dp = Shuffler(dp, buffer_size=4)
+    dp = Batcher(dp, batch_size=3, drop_last=True)
+    return Collator(dp)
+
+
+def grouped(n: int = 40) -> Any:
+    dp = Shuffler(IterableWrapper(range(n)), buffer_size=6)
+    return Grouper(dp, group_key_fn=mod3, buffer_size=5, group_size=3, guaranteed_group_size=1)
+
+
+def combining(n: int = 24) -> Any:
+    """fork, demux, zip, concat and mux, with shuffles on both sides of the fork."""
+    a, b, c = Forker(Shuffler(IterableWrapper(range(n)), buffer_size=5), 3, buffer_size=-1)
+    even, odd = Demultiplexer(IterableWrapper(range(100, 100 + n)), 2, parity, buffer_size=-1)
+    zipped = Zipper(Shuffler(a, buffer_size=3), Mapper(b, double))
+    chained = Concater(even, odd)
+    return Multiplexer(zipped, chained, c)
+
+
+def sampled(n: int = 13) -> Any:
+    return Batcher(Sampler(IterableWrapper(range(n))), batch_size=2)
+
+
+def sharded(n: int = 33) -> Any:
+    dp = ShardingFilter(Shuffler(IterableWrapper(range(n)), buffer_size=8))
+    return Batcher(Shuffler(Mapper(dp, double), buffer_size=3), batch_size=2)
+
+
+def write_files(root: str, count: int = 9) -> str:
+    """Text and JSON files for the file pipes; returns ``root``."""
+    os.makedirs(root, exist_ok=True)
+    for i in range(count):
+        with open(os.path.join(root, f"r{i:02d}.txt"), "w") as f:
+            f.write(f"line {i}\n" * (i % 4 + 1))
+        with open(os.path.join(root, f"d{i:02d}.json"), "w") as f:
+            json.dump({"id": i, "tags": list(range(i % 3))}, f)
+    return root
+
+
+def files(root: str) -> Any:
+    """FileLister, FileOpener, StreamReader and RoutedDecoder on real files."""
+    texts = FileLister(root, "*.txt")
+    chunks = StreamReader(FileOpener(texts, mode="b"), chunk=5)
+    decoded = RoutedDecoder(FileOpener(FileLister(root, "*.json"), mode="b"))
+    return Zipper(Shuffler(chunks, buffer_size=4), Multiplexer(decoded, decoded_ids(root)))
+
+
+def decoded_ids(root: str) -> Any:
+    return Mapper(FileLister(root, "*.txt"), os.path.basename)
+
+
+def noisy(n: int = 20) -> Any:
+    """Draws from the global ``random`` module: NOT reproducible (the harness must notice)."""
+    return Mapper(IterableWrapper(range(n)), _add_noise)
+
+
+def _add_noise(x: int) -> float:
+    return x + random.random()
+
+
+# -- random graphs (hypothesis) ----------------------------------------------------------
+
+def build(spec: Sequence[tuple[Any, ...]], n: int = 30) -> Any:
+    """A graph from a list of operations (see tests/test_resume_random.py)."""
+    dp: Any = IterableWrapper(range(n))
+    for op in spec:
+        kind = op[0]
+        if kind == "shuffle":
+            dp = Shuffler(dp, buffer_size=op[1])
+        elif kind == "map":
+            dp = Mapper(dp, _double_any)
+        elif kind == "filter":
+            dp = Filter(dp, _keep_any)
+        elif kind == "batch":
+            dp = Batcher(dp, batch_size=op[1], drop_last=op[2])
+        elif kind == "unbatch":
+            dp = UnBatcher(dp, unbatch_level=-1)
+        elif kind == "shard":
+            dp = ShardingFilter(dp)
+        elif kind == "fork_zip":
+            left, right = Forker(dp, 2, buffer_size=-1)
+            dp = Zipper(left, Mapper(right, _identity))
+        elif kind == "concat":
+            dp = Concater(dp, IterableWrapper(range(op[1])))
+        elif kind == "mux":
+            dp = Multiplexer(dp, IterableWrapper(range(1000, 1000 + op[1])))
+        elif kind == "demux":
+            first, second = Demultiplexer(dp, 2, _bucket, buffer_size=-1)
+            dp = Concater(first, second) if op[1] else Multiplexer(first, second)
+        elif kind == "group":
+            dp = Grouper(dp, group_key_fn=_bucket, buffer_size=op[1], group_size=2, guaranteed_group_size=1)
+        else:
+            raise ValueError(kind)
+    return dp
+
+
+def _double_any(x: Any) -> Any:
+    return 2 * x if isinstance(x, int) else (x, "mapped")
+
+
+def _keep_any(x: Any) -> bool:
+    return _bucket5(x) != 0
+
+
+def _bucket5(x: Any) -> int:
+    return sum(map(ord, repr(x))) % 5
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def _bucket(x: Any) -> int:
+    return sum(map(ord, repr(x))) % 2  # not hash(): str hashes differ between processes

@@ -1,0 +1,113 @@
+"""Error paths: each bad input is a SnapshotError subclass whose message says what and where."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from torch.utils.data.datapipes.iter import Batcher, FileLister, IterableWrapper, Mapper, Shuffler
+
+import snapshot
+from snapshot.errors import __doc__ as errors_doc
+from tests import graphs
+
+
+def test_hierarchy_is_drawn_in_the_module_docstring() -> None:
+    import snapshot.errors as errors
+
+    for name in errors.__all__:
+        assert name in errors_doc, name
+
+
+def snap_of(factory, samples: int = 3) -> snapshot.Snapshot:
+    dl = snapshot.DataLoader2(factory())
+    dl.seed(0)
+    it = iter(dl)
+    for _ in range(samples):
+        next(it)
+    return dl.save_snapshot()
+
+
+def test_graph_mismatch_names_the_node_and_both_versions() -> None:
+    def build(buffer_size: int):
+        shuffled = Shuffler(IterableWrapper(range(30)), buffer_size=buffer_size)
+        return Batcher(Mapper(shuffled, graphs.double), 4)
+
+    snap = snap_of(lambda: build(5))
+    dl = snapshot.DataLoader2(build(8))
+    with pytest.raises(snapshot.GraphMismatchError) as info:
+        dl.restore_snapshot(snap)
+    message = str(info.value)
+    assert "at 0/datapipe/datapipe:" in message
+    assert "in snapshot: ShufflerIterDataPipe(buffer_size=5)" in message
+    assert "in loader:   ShufflerIterDataPipe(buffer_size=8)" in message
+    assert "from_snapshot" in message
+    assert info.value.differences == [("0/datapipe/datapipe", "ShufflerIterDataPipe(buffer_size=5)",
+                                       "ShufflerIterDataPipe(buffer_size=8)")]
+
+
+def test_graph_mismatch_lists_missing_and_extra_nodes() -> None:
+    snap = snap_of(graphs.linear)
+    with pytest.raises(snapshot.GraphMismatchError) as info:
+        snapshot.DataLoader2(Batcher(IterableWrapper(range(47)), 4)).restore_snapshot(snap)
+    message = str(info.value)
+    assert "(no node at this path)" in message
+    assert "differences" in message
+
+
+def test_mismatch_leaves_the_loader_untouched() -> None:
+    snap = snap_of(graphs.linear)
+    dl = snapshot.DataLoader2(Batcher(IterableWrapper(range(8)), 4))
+    with pytest.raises(snapshot.GraphMismatchError):
+        dl.restore_snapshot(snap)
+    assert list(dl) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_a_position_beyond_the_data(tmp_path) -> None:
+    root = tmp_path / "files"
+    root.mkdir()
+    for i in range(10):
+        (root / f"{i}.txt").write_text(str(i))
+
+    def factory():
+        return Batcher(FileLister(str(root), "*.txt"), 2)
+
+    snap = snap_of(factory, samples=4)
+    for name in sorted(os.listdir(root))[:6]:
+        (root / name).unlink()
+    with pytest.raises(snapshot.PositionError) as info:
+        snapshot.DataLoader2(factory()).restore_snapshot(snap)
+    message = str(info.value)
+    assert "sample 4" in message and "ended after 2 samples" in message
+    assert "data the snapshot was taken on" in message
+
+
+def test_state_strategy_lists_every_node_without_a_hook() -> None:
+    snap = snap_of(graphs.noisy)
+    with pytest.raises(snapshot.StrategyError) as info:
+        snapshot.DataLoader2(graphs.noisy()).restore_snapshot(snap, strategy="state")
+    message = str(info.value)
+    assert "0: MapperIterDataPipe(fn=tests.graphs._add_noise" in message
+    assert "strategy='auto'" in message
+
+
+def test_snapshot_without_graph_needs_a_graph() -> None:
+    dl = snapshot.DataLoader2(graphs.linear())
+    next(iter(dl))
+    snap = dl.save_snapshot(include_graph=False)
+    assert snap.graph is None and snap.manifest["graph"]["included"] is False
+    with pytest.raises(snapshot.SnapshotError, match="include_graph=False"):
+        snapshot.DataLoader2.from_snapshot(snap)
+    fresh = snapshot.DataLoader2(graphs.linear())
+    fresh.restore_snapshot(snap)  # with the graph built in code it works
+
+
+def test_nothing_raw_escapes_for_garbage_input(tmp_path) -> None:
+    magic = b"\x89snapshot\r\n\x1a\n"
+    for content in (magic + b"\xff" * 200, magic + b"\x01\x00" + b"\x00" * 78):
+        path = tmp_path / "g.snap"
+        path.write_bytes(content)
+        with pytest.raises(snapshot.SnapshotFileError):
+            snapshot.load(path)
+        with pytest.raises(snapshot.SnapshotFileError):
+            snapshot.read_manifest(path)

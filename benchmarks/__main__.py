@@ -1,20 +1,29 @@
-"""``python -m benchmarks {restore,all} [--json PATH] [--repeat N]``."""
+"""``python -m benchmarks {restore,iterate,all} [--json PATH] [--repeat N]``."""
 
 from __future__ import annotations
 
 import argparse
+import json
 
-from benchmarks import restore
+from benchmarks import iterate, restore
+
+SUITES = {"restore": restore.run, "iterate": iterate.run}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    parser.add_argument("which", choices=["restore", "all"])
+    parser.add_argument("which", choices=[*SUITES, "all"])
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--json", help="also write the figures to this JSON file")
+    parser.add_argument("--json", help="also write all figures to this JSON file")
     args = parser.parse_args()
-    if args.which in ("restore", "all"):
-        restore.run(repeat=args.repeat, json_path=args.json)
+    chosen = list(SUITES) if args.which == "all" else [args.which]
+    results = {}
+    for name in chosen:
+        results[name] = SUITES[name](repeat=args.repeat)
+        print()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
 
 
 if __name__ == "__main__":

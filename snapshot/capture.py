@@ -13,7 +13,7 @@ import datetime
 import hashlib
 import platform
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
@@ -43,6 +43,8 @@ class LoaderState:
     graph_fingerprint: str
     graph_bytes: bytes | None
     service_bytes: bytes | None
+    lookahead: list[Any] = field(default_factory=list)
+    verify: dict[str, Any] | None = None
 
     def restore_state(self) -> dict[str, Any]:
         return {
@@ -54,6 +56,7 @@ class LoaderState:
             "pending_seed": self.pending_seed,
             "generator": self.generator,
             "service": self.service,
+            "lookahead": list(self.lookahead),
         }
 
 
@@ -72,17 +75,63 @@ def _versions() -> dict[str, str]:
     return versions
 
 
+def _encode_nodes(service: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``service`` whose node states are pickled one node at a time.
+
+    Each state is its own pickle, so a state that cannot be pickled is reported with its
+    node path, and the manifest can show each node's state size.
+    """
+    shards = []
+    for shard in service.get("shards", []):
+        nodes = {}
+        for path, record in shard.get("nodes", {}).items():
+            encoded = dict(record)
+            if record.get("state") is not None:
+                encoded["state"] = _serialization.dumps(
+                    record["state"], what=f"state of the DataPipe at {path}")
+            nodes[path] = encoded
+        shards.append({**shard, "nodes": nodes})
+    return {**service, "shards": shards} if "shards" in service else dict(service)
+
+
+def decode_nodes(service: Mapping[str, Any]) -> dict[str, Any]:
+    """Inverse of :func:`_encode_nodes` (call only on verified payloads)."""
+    shards = []
+    for shard in service.get("shards", []):
+        nodes = {}
+        for path, record in shard.get("nodes", {}).items():
+            decoded = dict(record)
+            if isinstance(record.get("state"), bytes):
+                decoded["state"] = _serialization.loads(
+                    record["state"], what=f"state of the DataPipe at {path}")
+            nodes[path] = decoded
+        shards.append({**shard, "nodes": nodes})
+    return {**service, "shards": shards} if "shards" in service else dict(service)
+
+
 def _shard_manifest(shard: Mapping[str, Any]) -> dict[str, Any]:
+    plan = shard.get("plan", {})
+    replayed = set(plan.get("replayed_nodes", []))
+    nodes = {}
+    for path, record in shard.get("nodes", {}).items():
+        state = record.get("state")
+        nodes[path] = {
+            "yielded": record.get("yielded"),
+            "state_bytes": len(state) if isinstance(state, bytes) else None,
+            "buffered": record.get("buffered", 0),
+            "restore": "replay" if path in replayed else "state",
+        }
     return {
         "yielded": shard.get("yielded", 0),
         "exhausted": shard.get("exhausted", False),
-        "nodes": {path: {"yielded": record.get("yielded")}
-                  for path, record in shard.get("nodes", {}).items()},
+        "in_flight": shard.get("in_flight", 0),
+        "plan": {"drivers": plan.get("drivers", []), "reasons": plan.get("reasons", {})},
+        "nodes": nodes,
     }
 
 
-def _manifest(source: LoaderState, payload: bytes, parts: dict[str, int]) -> dict[str, Any]:
-    service = source.service
+def _manifest(source: LoaderState, service: Mapping[str, Any], payload: bytes,
+              parts: dict[str, int]) -> dict[str, Any]:
     seeds = service.get("seeds", {})
     node_seeds: dict[str, str] = {}
     for path, seed in seeds.get("shared", {}).items():
@@ -99,6 +148,7 @@ def _manifest(source: LoaderState, payload: bytes, parts: dict[str, int]) -> dic
             "epoch": source.epoch,
             "yielded": source.yielded,
             "epoch_finished": source.epoch_finished,
+            "lookahead": len(source.lookahead),
         },
         "randomness": {
             "seed": source.seed,
@@ -112,6 +162,7 @@ def _manifest(source: LoaderState, payload: bytes, parts: dict[str, int]) -> dic
         },
         "service": {"name": source.service_name, **service.get("layout", {})},
         "shards": [_shard_manifest(s) for s in service.get("shards", [])],
+        "verify": source.verify,
         format.PAYLOAD: {**format.payload_record(payload), "parts": parts},
     }
 
@@ -164,15 +215,22 @@ class Snapshot:
                    container.payload)
 
 
-def capture(loader: Any, *, include_graph: bool = True) -> Snapshot:
-    """Capture the current position of ``loader`` (a :class:`~snapshot.DataLoader2`)."""
-    source: LoaderState = loader._snapshot_source(include_graph=include_graph)
+def capture(loader: Any, *, include_graph: bool = True, verify: int = 0) -> Snapshot:
+    """Capture the current position of ``loader`` (a :class:`~snapshot.DataLoader2`).
+
+    With ``verify=K`` the next K samples are computed ahead (and then served by the loader
+    from a buffer, so nothing is lost), and their fingerprints are recorded: a restore
+    compares them with the samples it produces and refuses a stream that diverges.
+    """
+    source: LoaderState = loader._snapshot_source(include_graph=include_graph, verify=verify)
     state = source.restore_state()
+    state["service"] = _encode_nodes(source.service)
     body = {"state": state, "graph": source.graph_bytes, "service": source.service_bytes}
     payload = _serialization.dumps(body, what="snapshot state")
-    parts = {"graph": len(source.graph_bytes or b""), "service": len(source.service_bytes or b""),
-             "state": len(payload) - len(source.graph_bytes or b"") - len(source.service_bytes or b"")}
-    return Snapshot(_manifest(source, payload, parts), state, source.graph_bytes,
+    graph_size, service_size = len(source.graph_bytes or b""), len(source.service_bytes or b"")
+    parts = {"graph": graph_size, "service": service_size,
+             "state": len(payload) - graph_size - service_size}
+    return Snapshot(_manifest(source, state["service"], payload, parts), state, source.graph_bytes,
                     source.service_bytes, payload)
 
 

@@ -28,11 +28,21 @@ def _tree(manifest: dict[str, Any]) -> list[str]:
     nodes = manifest["graph"]["nodes"]
     shards = manifest.get("shards", [])
     counts: dict[str, Any] = {}
+    details: dict[str, list[str]] = {}
     for shard in shards:
         for path, record in shard.get("nodes", {}).items():
             value = record.get("yielded")
             if value is not None:
                 counts[path] = counts.get(path, 0) + value
+            if len(shards) == 1:
+                extra = []
+                if record.get("state_bytes") is not None:
+                    extra.append(f"state={record['state_bytes']}B")
+                if record.get("buffered"):
+                    extra.append(f"buffered={record['buffered']}")
+                if record.get("restore"):
+                    extra.append(f"restore={record['restore']}")
+                details[path] = extra
     by_path = {n["path"]: n for n in nodes}
     lines: list[str] = []
     seen: set[str] = set()
@@ -45,6 +55,8 @@ def _tree(manifest: dict[str, Any]) -> list[str]:
         shown = f"{short}({args})"
         connector = "" if top else ("└─ " if last else "├─ ")
         tail = f"   yielded={count}" if count is not None else ""
+        if details.get(path):
+            tail += "  " + " ".join(details[path])
         if path in seen:
             lines.append(f"{prefix}{connector}{path}  (shared, see above)")
             return
@@ -77,9 +89,25 @@ def render(manifest: dict[str, Any]) -> str:
         "",
         *_tree(manifest),
         "",
+        *_plan_lines(manifest.get("shards", [])),
         f"payload: {payload.get('size', 0)} bytes, sha256 {payload.get('sha256', '')[:16]}...",
     ]
     return "\n".join(out)
+
+
+def _plan_lines(shards: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for index, shard in enumerate(shards):
+        plan = shard.get("plan", {})
+        label = f"shard {index}: " if len(shards) > 1 else ""
+        drivers = plan.get("drivers", [])
+        if not drivers:
+            lines.append(f"{label}restore plan (auto): every node from its state, nothing replayed")
+        for driver in drivers:
+            lines.append(f"{label}restore plan (auto): replay {driver['replay']} samples of {driver['path']}")
+        for path, reason in plan.get("reasons", {}).items():
+            lines.append(f"  {path}: {reason}")
+    return lines + ([""] if lines else [])
 
 
 def _inspect(args: argparse.Namespace) -> int:

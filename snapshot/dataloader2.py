@@ -14,20 +14,22 @@ from torch's global generator (without advancing it), and the drawn seed is save
 from __future__ import annotations
 
 import pickle
+from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
 from torch.utils.data import IterDataPipe, MapDataPipe
 
 from snapshot import _serialization
-from snapshot.capture import LoaderState, Snapshot, capture, save
-from snapshot.errors import SnapshotError
+from snapshot._fingerprint import sample_fingerprint
+from snapshot.capture import LoaderState, Snapshot, capture, decode_nodes, save
+from snapshot.errors import LayoutError, SnapshotError, VerificationError
 from snapshot.format import PathOrFile
 from snapshot.graph import Graph
 from snapshot.randomness import UINT64_LIMIT, SeedGenerator, draw_seed
 from snapshot.reading_service.base import ReadingServiceInterface
 from snapshot.reading_service.in_process import InProcessReadingService
-from snapshot.restore import RestoreStrategy, check_graph, check_strategy
+from snapshot.restore import RestoreStrategy, check_graph, make_plan
 from snapshot.restore import restore as _restore_into
 
 __all__ = ["DataLoader2", "DataLoader2Iterator"]
@@ -55,6 +57,9 @@ class DataLoader2Iterator(Iterator[T_co]):
         if self.iterator_id != loader.valid_iterator_id:
             raise RuntimeError(_INVALIDATED)
         loader._reset_iter = True
+        if loader._lookahead:
+            loader._yielded += 1
+            return loader._lookahead.popleft()
         it = loader._datapipe_iter
         if it is None:
             raise StopIteration
@@ -141,6 +146,8 @@ class DataLoader2(Generic[T_co]):
         self._epoch = -1
         self._yielded = 0
         self._epoch_finished = False
+        #: Samples computed ahead (for verification) and not yet yielded.
+        self._lookahead: deque[Any] = deque()
 
     def _set_graph(self, datapipe: Any, *, adapt: bool) -> None:
         """Work on a private copy of ``datapipe``; keep its pickle for snapshots."""
@@ -185,6 +192,7 @@ class DataLoader2(Generic[T_co]):
         self._epoch += 1
         self._yielded = 0
         self._epoch_finished = False
+        self._lookahead.clear()
         assert self._end is not None
         self._datapipe_iter = iter(self._end)
 
@@ -228,11 +236,11 @@ class DataLoader2(Generic[T_co]):
 
     # -- snapshots ------------------------------------------------------------------------
 
-    def _snapshot_source(self, *, include_graph: bool) -> LoaderState:
+    def _snapshot_source(self, *, include_graph: bool, verify: int = 0) -> LoaderState:
         if self._graph is None:
             raise SnapshotError("this DataLoader2 has no graph yet; nothing to capture")
         service_state = self.reading_service.checkpoint() if self._epoch >= 0 else {}
-        return LoaderState(
+        source = LoaderState(
             epoch=self._epoch,
             yielded=self._yielded,
             epoch_finished=self._epoch_finished,
@@ -246,18 +254,60 @@ class DataLoader2(Generic[T_co]):
             graph_fingerprint=self._graph.fingerprint,
             graph_bytes=self._graph_bytes if include_graph else None,
             service_bytes=self._service_bytes,
+            lookahead=list(self._lookahead),
         )
+        if verify:
+            source.verify = self._fingerprint_ahead(verify)
+        return source
+
+    def _fingerprint_ahead(self, count: int) -> dict[str, Any]:
+        """Compute up to ``count`` samples ahead (kept for the loader) and fingerprint them."""
+        if self._epoch < 0 or self._epoch_finished:
+            return {"count": 0, "fingerprints": [], "ends": True}
+        it = self._datapipe_iter
+        while it is not None and len(self._lookahead) < count:
+            try:
+                self._lookahead.append(next(it))
+            except StopIteration:
+                break
+        ahead = list(self._lookahead)[:count]
+        return {"count": count, "fingerprints": [sample_fingerprint(x) for x in ahead],
+                "ends": len(ahead) < count}
+
+    def _verify(self, recorded: dict[str, Any]) -> None:
+        count = int(recorded["count"])
+        got: list[str] = self._fingerprint_ahead(count)["fingerprints"] if count else []
+        expected = list(recorded["fingerprints"])
+        for index, (want, have) in enumerate(zip(expected, got)):
+            if want != have:
+                sample = repr(self._lookahead[index])
+                sample = sample if len(sample) <= 100 else sample[:97] + "..."
+                raise VerificationError(
+                    f"the restored stream differs from the one recorded when the snapshot was saved, "
+                    f"at sample {index} after the snapshot (sample {self._yielded + index} of epoch "
+                    f"{self._epoch}): recorded fingerprint {want}, restored {have} = {sample}. The "
+                    "graph's code or data changed since the snapshot (a map function?), or a pipe is "
+                    "not deterministic. The loader was not restored."
+                )
+        if len(expected) != len(got):
+            raise VerificationError(
+                f"the restored stream has {len(got)} samples where the recorded one "
+                f"had {len(expected)} before the end of epoch {self._epoch}: the data changed since "
+                "the snapshot. The loader was not restored."
+            )
 
     def save_snapshot(
         self, dest: PathOrFile | None = None, *, include_graph: bool = True,
-        key: bytes | str | None = None,
+        key: bytes | str | None = None, verify: int = 0,
     ) -> Snapshot:
         """Capture the current position; write it atomically to ``dest`` when given.
 
         ``include_graph=False`` leaves the pickled graph out (restore then needs the graph
-        built in code). ``key`` (or ``$SNAPSHOT_KEY``) signs the file.
+        built in code). ``key`` (or ``$SNAPSHOT_KEY``) signs the file. ``verify=K`` records
+        fingerprints of the next K samples (computed ahead and served from a buffer, so
+        nothing is lost); restoring then checks the restored stream against them.
         """
-        snap = capture(self, include_graph=include_graph)
+        snap = capture(self, include_graph=include_graph, verify=verify)
         if dest is not None:
             save(snap, dest, key=key)
         return snap
@@ -286,14 +336,37 @@ class DataLoader2(Generic[T_co]):
             self._set_graph_bytes(snap.graph)
         assert self._graph is not None
         check_graph(snap.manifest["graph"]["nodes"], self._graph)
-        check_strategy(self._graph, strategy)
+        make_plan(self._graph, {}, strategy)  # refuses an impossible strategy up front
         state = snap.state
         problems = self.reading_service.validate(state["service"]) if state["service"] else []
         if problems:
-            from snapshot.errors import LayoutError
-
             raise LayoutError("cannot restore onto this reading service:\n  " + "\n  ".join(problems))
-        # Validated: now change the loader.
+        service_state = decode_nodes(state["service"]) if state["service"] else {}
+        # Validated: now change the loader (and put it back if verification fails).
+        before = self._position()
+        try:
+            self._apply(state, service_state, strategy)
+            recorded = snap.manifest.get("verify")
+            if recorded:
+                self._verify(recorded)
+        except BaseException:
+            self._set_position(before)
+            raise
+
+    _POSITION = ("_epoch", "_yielded", "_epoch_finished", "_epoch_seed", "_epoch_seed_given",
+                 "_generator", "_seed", "_reset_seed", "_reset_iter", "_datapipe_iter", "_end")
+
+    def _position(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self._POSITION} | {"_lookahead": deque(self._lookahead)}
+
+    def _set_position(self, position: dict[str, Any]) -> None:
+        for name, value in position.items():
+            setattr(self, name, value)
+        if self._datapipe_iter is not None:  # the previous epoch's run was replaced: start afresh
+            self._datapipe_iter = None
+            self._reset_iter = True
+
+    def _apply(self, state: dict[str, Any], service_state: dict[str, Any], strategy: RestoreStrategy) -> None:
         if self._datapipe_iter is not None:
             self.reading_service.finalize_iteration()
             self._datapipe_iter = None
@@ -304,6 +377,7 @@ class DataLoader2(Generic[T_co]):
         self._epoch_seed_given = bool(state["seed_given"])
         self._generator = (SeedGenerator.from_state(state["generator"])
                            if state["generator"] is not None else None)
+        self._lookahead = deque(state.get("lookahead", []))
         # seed() semantics: a seed given before the snapshot and not yet used stays pending;
         # otherwise the epoch's own seed keeps driving the seed sequence.
         self._seed = self._epoch_seed if self._epoch_seed_given else None
@@ -314,7 +388,7 @@ class DataLoader2(Generic[T_co]):
             self._datapipe_iter = None
             self._reset_iter = True
             return
-        self._end = self.reading_service.restore(self.datapipe, state["service"], strategy=strategy)
+        self._end = self.reading_service.restore(self.datapipe, service_state, strategy=strategy)
         if self._epoch_finished:
             self._reset_iter = True
             self._datapipe_iter = None

@@ -1,17 +1,20 @@
 """One epoch of a DataPipe graph, run so that its position can be read at any step.
 
-A :class:`Run` iterates a graph (or the part of it one logical shard owns) for one epoch
-with the seeds it is given. Every node's iteration goes through a *cell* that counts what
-the node yields, so after any sample the run can report, per node path, how many samples
-each node has produced in this epoch.
+A :class:`Run` iterates a graph (or the part of it that one logical shard owns) for one
+epoch with the seeds it is given. Each node gets a *cell*, the iterator that runs it:
 
-A cell sits in torch's ``_fast_forward_iterator`` slot of its DataPipe: when the consumer
-(torch's own code, or a user's pipe) calls ``iter(datapipe)``, torch hands out the cell
-instead of starting over, and the cell starts the pipe's real iteration on first use. The
-graph itself is never modified; slots are cleared when the run closes.
+- a pipe with an iterator hook runs through its :class:`ResumableIterator`, which reads
+  its inputs' cells directly;
+- a pipe with an object hook (``state_dict``/``load_state_dict``) or without any hook runs
+  its own ``__iter__``, counted by a thin wrapper. Its inputs are iterated by its own code,
+  so their cells are put in torch's ``_fast_forward_iterator`` slot: ``iter(input)`` then
+  hands out the cell instead of starting over. The graph itself is never modified, and the
+  slots are cleared when the run closes.
 
-Restoring by fast-forward builds a fresh run with the saved seeds and replays the saved
-number of samples.
+So after any sample the run knows, per node path, how many samples each node yielded and
+(for nodes with hooks) its state. A run restored from a snapshot loads those states and
+replays only the subgraphs its :class:`~snapshot.restore.Plan` names, then checks that the
+replay reproduced the saved counts.
 """
 
 from __future__ import annotations
@@ -19,60 +22,229 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from torch.utils.data import IterDataPipe
+from torch.utils.data import MapDataPipe
 
-from snapshot.errors import PositionError
+from snapshot.errors import PositionError, RestoreError
 from snapshot.graph import ROOT, Graph
+from snapshot.hooks import StateHook, hook_for
+from snapshot.hooks._base import ResumableIterator, _note
+from snapshot.restore import Plan
 
-__all__ = ["CountingIterator", "Run"]
+__all__ = ["CountingIterator", "NodeRecord", "Run", "capture_persistent", "restore_persistent"]
+
+#: Keys of a node record (one per node in a capture).
+YIELDED = "yielded"
+EXHAUSTED = "exhausted"
+STATE = "state"
+BUFFERED = "buffered"
 
 
 class CountingIterator(Iterator[Any]):
-    """Counts the items of ``iter(datapipe)``, started on first use."""
+    """Runs a pipe's own ``__iter__`` (started on first use) and counts its samples."""
 
-    __slots__ = ("datapipe", "yielded", "_it")
+    __slots__ = ("datapipe", "yielded", "exhausted", "path", "_it", "_raw")
 
-    def __init__(self, datapipe: Any):
+    def __init__(self, datapipe: Any, *, raw: bool = False):
         self.datapipe = datapipe
         self.yielded = 0
+        self.exhausted = False
+        self.path: str | None = None
         self._it: Iterator[Any] | None = None
+        self._raw = raw
 
     def __iter__(self) -> CountingIterator:
         return self
 
+    @property
+    def started(self) -> bool:
+        return self._it is not None
+
     def __next__(self) -> Any:
         it = self._it
         if it is None:
-            it = self._it = iter(self.datapipe)
-        item = next(it)
+            it = self._it = _raw_iter(self.datapipe) if self._raw else iter(self.datapipe)
+        try:
+            item = next(it)
+        except StopIteration:
+            self.exhausted = True
+            raise
+        except Exception as exc:
+            _note(exc, self)
+            raise
         self.yielded += 1
         return item
 
 
-def _apply_seeds(graph: Graph, seeds: Mapping[str, int]) -> None:
-    for path, seed in seeds.items():
-        graph[path].datapipe.set_seed(seed)
+def _raw_iter(datapipe: Any) -> Iterator[Any]:
+    """The pipe's own iterator without torch's ``reset()`` (used after ``load_state_dict``)."""
+    method = type(datapipe).__iter__
+    raw = getattr(method, "__wrapped__", None)
+    return iter(raw(datapipe)) if raw is not None else iter(datapipe)
+
+
+NodeRecord = dict[str, Any]
+
+
+def capture_persistent(graph: Graph) -> dict[str, Any]:
+    """Per node path, the state its pipe keeps across epochs (only where there is some)."""
+    states = {}
+    for node in graph.nodes:
+        hook = hook_for(node.datapipe)
+        if hook is not None and hook.iterator is not None:
+            state = hook.iterator.persistent_state(node.datapipe)
+            if state is not None:
+                states[node.path] = state
+    return states
+
+
+def restore_persistent(graph: Graph, states: Mapping[str, Any]) -> None:
+    """Put back :func:`capture_persistent`'s states on a rebuilt graph."""
+    for path, state in states.items():
+        hook = hook_for(graph[path].datapipe)
+        if hook is not None and hook.iterator is not None:
+            hook.iterator.load_persistent_state(graph[path].datapipe, state)
 
 
 class Run(Iterator[Any]):
-    """Iterates ``graph`` from ``sink`` for one epoch, counting every node's output."""
+    """Iterates ``graph`` from ``sink`` for one epoch, with a readable position.
 
-    def __init__(self, graph: Graph, seeds: Mapping[str, int], *, sink: str = ROOT):
+    Args:
+        graph: the graph (its DataPipes are used as they are: seeds are applied to them).
+        seeds: per node path, the seed for pipes with ``set_seed``.
+        sink: the node to iterate.
+        ports: pre-built cells for some nodes (a logical shard's input, say).
+        records: saved node records to restore from (``None``: start of the epoch).
+        plan: with ``records``, which nodes to replay instead of loading.
+    """
+
+    def __init__(
+        self,
+        graph: Graph,
+        seeds: Mapping[str, int],
+        *,
+        sink: str = ROOT,
+        ports: Mapping[str, Any] | None = None,
+        records: Mapping[str, NodeRecord] | None = None,
+        plan: Plan | None = None,
+    ):
         self.graph = graph
         self.sink_path = sink
         self.seeds = dict(seeds)
-        _apply_seeds(graph, self.seeds)
-        self._cells: dict[str, CountingIterator] = {}
-        for path in graph.ancestors(sink):
-            datapipe = graph[path].datapipe
-            if not isinstance(datapipe, IterDataPipe):
-                continue
-            cell = CountingIterator(datapipe)
-            self._cells[path] = cell
-            if path != sink:
-                datapipe._fast_forward_iterator = cell
-        self._sink = self._cells[sink]
+        for path, seed in self.seeds.items():
+            graph[path].datapipe.set_seed(seed)
+        self._ports = dict(ports or {})
+        self._records = records
+        self._replay = plan.replay if (plan is not None and records is not None) else frozenset()
+        self._hooks: dict[str, StateHook | None] = {}
+        self._fresh: set[str] = set()
+        self._cells: dict[str, Any] = {}
+        self._slots: list[Any] = []
+        self._sink = self._build(sink)
         self.exhausted = False
+        if records is not None and plan is not None:
+            self._replay_drivers(plan, records)
+
+    # -- building -------------------------------------------------------------------------
+
+    def _restored(self, path: str) -> NodeRecord | None:
+        if self._records is None or path in self._replay or path in self._fresh:
+            return None
+        return self._records.get(path)
+
+    def _build(self, path: str) -> Any:
+        cell = self._cells.get(path)
+        if cell is not None:
+            return cell
+        if path in self._ports:
+            cell = self._cells[path] = self._ports[path]
+            return cell
+        node = self.graph[path]
+        datapipe = node.datapipe
+        hook = self._hooks[path] = hook_for(datapipe)
+        record = self._restored(path)
+        if hook is not None and hook.iterator is not None:
+            inputs = [self._input(p) for p in node.inputs]
+            cell = hook.iterator(datapipe, inputs)
+            cell._restart = lambda index, path=path: self._restart(path, index)
+            if record is not None and record.get(STATE) is not None:
+                cell.load_state_dict({YIELDED: record[YIELDED], STATE: record[STATE]})
+        else:
+            for p in node.inputs:
+                self._install(p)
+            # A pipe that had not started this epoch starts afresh (its state may be the last
+            # epoch's); one that had is put back and continued without torch's reset().
+            restored = (hook is not None and record is not None and record.get(STATE) is not None
+                        and record.get(YIELDED) is not None)
+            if restored:
+                assert hook is not None and hook.load_state_dict is not None
+                hook.load_state_dict(datapipe, record[STATE])  # type: ignore[index]
+            cell = CountingIterator(datapipe, raw=restored)
+            if restored:
+                cell.yielded = int(record[YIELDED])  # type: ignore[index]
+        cell.path = path
+        self._cells[path] = cell
+        return cell
+
+    def _restart(self, consumer: str, index: int) -> Any:
+        """Fresh cells for the whole subgraph behind input ``index`` of ``consumer``."""
+        path = self.graph[consumer].inputs[index]
+        subgraph = self.graph.ancestors(path)
+        for p in subgraph:
+            self._cells.pop(p, None)
+        self._fresh.update(subgraph)
+        return self._input(path)
+
+    def _input(self, path: str) -> Any:
+        datapipe = self.graph[path].datapipe
+        return datapipe if isinstance(datapipe, MapDataPipe) else self._build(path)
+
+    def _install(self, path: str) -> None:
+        datapipe = self.graph[path].datapipe
+        if isinstance(datapipe, MapDataPipe):
+            return
+        cell = self._build(path)
+        datapipe._fast_forward_iterator = cell
+        self._slots.append(datapipe)
+
+    # -- restoring ------------------------------------------------------------------------
+
+    def _replay_drivers(self, plan: Plan, records: Mapping[str, NodeRecord]) -> None:
+        for path, count in plan.drivers:
+            cell = self._cells.get(path)
+            if cell is None:
+                continue
+            to_the_end = bool(records.get(path, {}).get(EXHAUSTED))
+            done = 0
+            while done < count or to_the_end:
+                try:
+                    next(cell)
+                except StopIteration:
+                    if done < count:
+                        raise PositionError(
+                            f"the snapshot is at sample {count} of the DataPipe at {path} "
+                            f"({self.graph[path].signature}), but replaying it ended after {done} "
+                            "samples: the data is shorter than when the snapshot was taken. "
+                            "Restore with the data the snapshot was taken on."
+                        ) from None
+                    break
+                done += 1
+        diverged = []
+        for path in plan.replay:
+            saved = records.get(path, {}).get(YIELDED)
+            cell = self._cells.get(path)
+            if saved is None or cell is None:
+                continue
+            if cell.yielded != saved:
+                diverged.append(f"  {path} ({self.graph[path].signature}): saved {saved}, "
+                                f"replayed {cell.yielded}")
+        if diverged:
+            raise RestoreError(
+                "replaying the graph did not reproduce the saved position:\n" + "\n".join(diverged)
+                + "\nA pipe in the replayed part is not deterministic for a given seed (it draws "
+                "from an unseeded random source, or reads data that changed)."
+            )
+
+    # -- iterating ------------------------------------------------------------------------
 
     def __iter__(self) -> Run:
         return self
@@ -87,36 +259,43 @@ class Run(Iterator[Any]):
     @property
     def yielded(self) -> int:
         """Samples the sink has yielded in this epoch."""
-        return self._sink.yielded
+        return int(self._sink.yielded)
+
+    # -- capturing ------------------------------------------------------------------------
 
     def counts(self) -> dict[str, int | None]:
         """Per node path, samples yielded in this epoch (``None``: never iterated)."""
         counts: dict[str, int | None] = {}
         for node in self.graph.nodes:
             cell = self._cells.get(node.path)
-            if cell is None:
+            if cell is None or node.path in self._ports:
                 continue
-            counts[node.path] = cell.yielded if cell._it is not None or cell.yielded else None
+            started = cell.yielded or not isinstance(cell, CountingIterator) or cell.started
+            counts[node.path] = cell.yielded if started else None
         return counts
 
-    def fast_forward(self, n: int) -> None:
-        """Replay ``n`` samples from the start of the epoch (the run must be fresh)."""
-        sink = self._sink
-        for done in range(n):
-            try:
-                next(sink)
-            except StopIteration:
-                self.exhausted = True
-                raise PositionError(
-                    f"the snapshot is at sample {n} of its epoch, but replaying the graph "
-                    f"ended after {done} samples: the data is shorter than when the snapshot "
-                    "was taken (changed files, a different source, a filter that now drops "
-                    "more). Restore with the data the snapshot was taken on."
-                ) from None
+    def capture(self) -> dict[str, NodeRecord]:
+        """Per node: samples yielded, its state (``None`` without a hook), buffered samples."""
+        records: dict[str, NodeRecord] = {}
+        counts = self.counts()
+        for path, count in counts.items():
+            cell = self._cells[path]
+            hook = self._hooks.get(path)
+            state: Any = None
+            buffered = 0
+            if isinstance(cell, ResumableIterator):
+                state = cell.get_state()
+                buffered = cell.buffered()
+            elif hook is not None and hook.state_dict is not None:
+                state = hook.state_dict(cell.datapipe)
+            records[path] = {YIELDED: count, EXHAUSTED: bool(getattr(cell, "exhausted", False)),
+                             STATE: state, BUFFERED: buffered}
+        return records
 
     def close(self) -> None:
         """Clear the slots this run installed that nobody consumed."""
-        for cell in self._cells.values():
-            datapipe = cell.datapipe
-            if getattr(datapipe, "_fast_forward_iterator", None) is cell:
+        ours = {id(cell) for cell in self._cells.values()}
+        for datapipe in self._slots:
+            if id(getattr(datapipe, "_fast_forward_iterator", None)) in ours:
                 datapipe._fast_forward_iterator = None
+        self._slots.clear()

@@ -20,15 +20,20 @@ problems are collected and raised together.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from torch.utils.data import MapDataPipe
+
 from snapshot.errors import GraphMismatchError, StrategyError
-from snapshot.graph import Graph, compare_nodes
+from snapshot.graph import ROOT, Graph, compare_nodes
+from snapshot.hooks import hook_for
 
 if TYPE_CHECKING:
     from snapshot.capture import Snapshot
 
-__all__ = ["RestoreStrategy", "check_graph", "check_strategy", "restore"]
+__all__ = ["Plan", "RestoreStrategy", "check_graph", "make_plan", "needs_replay", "restore"]
 
 
 class RestoreStrategy(str, enum.Enum):
@@ -65,18 +70,108 @@ def check_graph(saved_nodes: list[dict[str, Any]], graph: Graph) -> None:
     )
 
 
-def check_strategy(graph: Graph, strategy: RestoreStrategy) -> None:
-    """Refuse ``state`` when some node cannot be restored from a state hook."""
-    if strategy is not RestoreStrategy.STATE:
-        return
-    missing = [node for node in graph.nodes]
-    if missing:
-        listing = "\n".join(f"  {n.path}: {n.signature}" for n in missing)
+def needs_replay(graph: Graph) -> dict[str, str]:
+    """Nodes that cannot be restored from state, with the reason for each."""
+    reasons: dict[str, str] = {}
+    for node in graph.nodes:
+        if isinstance(node.datapipe, MapDataPipe):
+            continue  # map-style pipes have no position
+        hook = hook_for(node.datapipe)
+        if hook is None:
+            reasons[node.path] = "no state hook (its position lives in its generator)"
+        elif hook.iterator is not None and not hook.iterator.always_restorable:
+            reason = hook.iterator.can_restore(node, graph)
+            if reason is not None:
+                reasons[node.path] = reason
+    return reasons
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Which nodes a restore replays from the start of the epoch, and through which drivers.
+
+    Every other node is put back from its saved state. A *driver* is the node whose saved
+    count is replayed: the smallest subgraph containing a node without a hook whose nodes
+    feed nothing outside it.
+    """
+
+    strategy: RestoreStrategy
+    replay: frozenset[str]
+    drivers: tuple[tuple[str, int], ...]
+    reasons: Mapping[str, str] = field(default_factory=dict)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy.value,
+            "drivers": [{"path": p, "replay": n} for p, n in self.drivers],
+            "replayed_nodes": sorted(self.replay),
+            "reasons": dict(self.reasons),
+        }
+
+    def method(self, path: str) -> str:
+        return "replay" if path in self.replay else "state"
+
+    def __str__(self) -> str:
+        lines = [f"restore plan ({self.strategy.value}):"]
+        if not self.drivers:
+            lines.append("  every node is restored from its state; nothing is replayed")
+        for path, count in self.drivers:
+            lines.append(f"  replay {count} samples of {path} (and the {len(self.replay)} nodes it reads from)")
+        for path, reason in self.reasons.items():
+            lines.append(f"  {path} needs replay: {reason}")
+        return "\n".join(lines)
+
+
+def _is_closed(graph: Graph, driver: str, closure: set[str]) -> bool:
+    return all(set(graph[p].consumers) <= closure for p in closure if p != driver)
+
+
+def _descendants(graph: Graph, path: str) -> list[str]:
+    seen, stack = {path}, [path]
+    while stack:
+        for consumer in graph[stack.pop()].consumers:
+            if consumer not in seen:
+                seen.add(consumer)
+                stack.append(consumer)
+    return [n.path for n in graph.nodes if n.path in seen]
+
+
+def _smallest_closed(graph: Graph, path: str) -> tuple[str, set[str]]:
+    best: tuple[str, set[str]] | None = None
+    for candidate in _descendants(graph, path):
+        closure = set(graph.ancestors(candidate))
+        if _is_closed(graph, candidate, closure) and (best is None or len(closure) < len(best[1])):
+            best = (candidate, closure)
+    assert best is not None  # the sink always qualifies
+    return best
+
+
+def make_plan(graph: Graph, counts: Mapping[str, int | None], strategy: RestoreStrategy,
+              sink: str = ROOT) -> Plan:
+    """The restore plan for ``graph`` at the saved per-node ``counts``."""
+    reasons = needs_replay(graph)
+    if strategy is RestoreStrategy.FAST_FORWARD:
+        every = frozenset(graph.ancestors(sink))
+        return Plan(strategy, every, ((sink, int(counts.get(sink) or 0)),), reasons)
+    if strategy is RestoreStrategy.STATE and reasons:
+        listing = "\n".join(f"  {p}: {graph[p].signature}: {r}" for p, r in reasons.items())
         raise StrategyError(
-            f"strategy='state' needs a state hook on every node, and {len(missing)} node(s) "
-            f"have none:\n{listing}\nUse strategy='auto' (replays only what needs it) or "
-            "'fast_forward', or register hooks with snapshot.register_state_hook()."
+            f"strategy='state' needs a state hook on every node, and {len(reasons)} node(s) "
+            f"cannot be restored from state:\n{listing}\nUse strategy='auto' (replays only the "
+            "smallest subgraph around them) or 'fast_forward', or add hooks with "
+            "snapshot.register_state_hook()."
         )
+    chosen: dict[str, set[str]] = {}
+    for path in reasons:
+        driver, closure = _smallest_closed(graph, path)
+        chosen[driver] = closure
+    drivers = [d for d in chosen if not any(d != o and d in chosen[o] for o in chosen)]
+    replay: set[str] = set()
+    for d in drivers:
+        replay |= chosen[d]
+    order = {n.path: i for i, n in enumerate(graph.nodes)}
+    drivers.sort(key=order.__getitem__)
+    return Plan(strategy, frozenset(replay), tuple((d, int(counts.get(d) or 0)) for d in drivers), reasons)
 
 
 def restore(loader: Any, src: Any, *, strategy: RestoreStrategy | str = "auto",

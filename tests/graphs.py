@@ -13,6 +13,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter import (
     Batcher,
     Collator,
@@ -135,6 +136,22 @@ def _add_noise(x: int) -> float:
     return x + random.random()
 
 
+class Squares(IterDataPipe):
+    """A user pipe with a generator ``__iter__`` and no hook: its position is hidden."""
+
+    def __init__(self, datapipe: Any):
+        self.datapipe = datapipe
+
+    def __iter__(self):
+        for x in self.datapipe:
+            yield x * x
+
+
+def with_generator_pipe(n: int = 40) -> Any:
+    """shuffle -> a hookless user pipe -> batch: restored by replaying the user pipe's part."""
+    return Batcher(Squares(Shuffler(IterableWrapper(range(n)), buffer_size=6)), batch_size=3)
+
+
 # -- random graphs (hypothesis) ----------------------------------------------------------
 
 def build(spec: Sequence[tuple[Any, ...]], n: int = 30) -> Any:
@@ -164,11 +181,17 @@ def build(spec: Sequence[tuple[Any, ...]], n: int = 30) -> Any:
         elif kind == "demux":
             first, second = Demultiplexer(dp, 2, _bucket, buffer_size=-1)
             dp = Concater(first, second) if op[1] else Multiplexer(first, second)
+        elif kind == "squares":
+            dp = Squares(Mapper(dp, _as_int))
         elif kind == "group":
             dp = Grouper(dp, group_key_fn=_bucket, buffer_size=op[1], group_size=2, guaranteed_group_size=1)
         else:
             raise ValueError(kind)
     return dp
+
+
+def _as_int(x: Any) -> int:
+    return x if isinstance(x, int) else _bucket5(x)
 
 
 def _double_any(x: Any) -> Any:
@@ -189,3 +212,71 @@ def _identity(x: Any) -> Any:
 
 def _bucket(x: Any) -> int:
     return sum(map(ord, repr(x))) % 2  # not hash(): str hashes differ between processes
+
+
+FILTER_SHIFT = [0]
+
+
+def _keep_shifted(x: int) -> bool:
+    return (x + FILTER_SHIFT[0]) % 3 != 0
+
+
+def shifting_filter(n: int = 60) -> Any:
+    """A hookless pipe behind a filter whose behaviour a global changes (not reproducible)."""
+    return Batcher(Squares(Filter(IterableWrapper(range(n)), _keep_shifted)), batch_size=2)
+
+
+SPY_CALLS: list[Any] = []
+
+
+def spy(x: Any) -> Any:
+    """Records every call (module-level, so a cloned graph still records here)."""
+    SPY_CALLS.append(x)
+    return x
+
+
+def spied(n: int = 10_000) -> Any:
+    return Batcher(Mapper(Shuffler(IterableWrapper(range(n)), buffer_size=10), spy), 4)
+
+
+class StatefulCounter(IterDataPipe):
+    """A user pipe that keeps its position in attributes (the torchdata Stateful protocol)."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self._i = 0
+
+    def reset(self) -> None:
+        self._i = 0
+
+    def __iter__(self):
+        while self._i < self.n:
+            self._i += 1
+            yield self._i - 1
+
+    def state_dict(self) -> dict[str, int]:
+        return {"i": self._i}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._i = state["i"]
+
+
+def with_stateful_pipe(n: int = 50) -> Any:
+    return Batcher(Shuffler(StatefulCounter(n), buffer_size=5), batch_size=3)
+
+
+def stateful_behind_generator(n: int = 30) -> Any:
+    """A Stateful pipe read by a hookless pipe (through torch's iteration slot)."""
+    return Batcher(Squares(StatefulCounter(n)), batch_size=4)
+
+
+MAP_OFFSET = [0]
+
+
+def offset(x: int) -> int:
+    """Behaviour controlled by a global: 'the code changed' without changing the graph."""
+    return x + MAP_OFFSET[0]
+
+
+def offset_graph(n: int = 40) -> Any:
+    return Batcher(Mapper(Shuffler(IterableWrapper(range(n)), buffer_size=5), offset), batch_size=2)

@@ -37,7 +37,8 @@ def test_round_trip_through_a_file(tmp_path) -> None:
     assert loaded.manifest == snap.manifest
     assert loaded.state == snap.state
     assert loaded.graph == snap.graph
-    assert snapshot.read_manifest(path)["loader"] == {"epoch": 0, "yielded": 3, "epoch_finished": False}
+    assert snapshot.read_manifest(path)["loader"] == {"epoch": 0, "yielded": 3, "epoch_finished": False,
+                                                      "lookahead": 0}
 
 
 def test_round_trip_through_a_file_object_and_bytes() -> None:

@@ -61,10 +61,12 @@ def test_the_harness_catches_a_pipe_that_does_not_reproduce() -> None:
 
 
 def test_the_harness_catches_an_off_by_one_restore(monkeypatch) -> None:
-    """If the engine replayed one sample too many, the harness must say where."""
-    from snapshot.execution import Run
+    """If a hook restored one sample too far, the harness must say where."""
+    from snapshot.hooks.builtin.sources import IterableWrapperIterator
 
-    replay = Run.fast_forward
-    monkeypatch.setattr(Run, "fast_forward", lambda self, n: replay(self, n + 1))
+    restore = IterableWrapperIterator.set_state
+    monkeypatch.setattr(IterableWrapperIterator, "set_state",
+                        lambda self, state: restore(self, {"position": state["position"] + 1}))
     with pytest.raises(AssertionError, match=r"diverges in epoch 0 at sample 4"):
-        assert_resumes_exactly(lambda: IterableWrapper(range(10)), epochs=1, cuts=[Cut(0, 4)])
+        assert_resumes_exactly(lambda: IterableWrapper(range(10)), epochs=1, cuts=[Cut(0, 4)],
+                               strategies=("state",))

@@ -6,12 +6,12 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from snapshot.execution import Run
+from snapshot.execution import Run, capture_persistent, restore_persistent
 from snapshot.graph import Graph
 from snapshot.randomness import EpochSeeds, SeedGenerator, epoch_seeds
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceState
-from snapshot.restore import RestoreStrategy
-from snapshot.sharding import WorkerInfo, apply_sharding
+from snapshot.restore import RestoreStrategy, make_plan
+from snapshot.sharding import WorkerInfo
 
 __all__ = ["InProcessReadingService"]
 
@@ -56,7 +56,6 @@ class InProcessReadingService(ReadingServiceInterface):
     def initialize(self, datapipe: Any) -> _CurrentRun:
         if self.init_fn is not None:
             datapipe = self.init_fn(datapipe, WorkerInfo(1, 0))
-        apply_sharding(datapipe, 1, 0)
         self._graph = Graph(datapipe)
         return _CurrentRun(self)
 
@@ -83,14 +82,19 @@ class InProcessReadingService(ReadingServiceInterface):
         if self._run is None or self._seeds is None:
             return {}
         run = self._run
+        records = run.capture()
+        counts = {path: r["yielded"] for path, r in records.items()}
+        plan = make_plan(run.graph, counts, RestoreStrategy.AUTO)
         return {
             "service": type(self).__name__,
             "layout": {"logical_shards": 1, "workers": 0, "ranks": 1},
             "seeds": self._seeds.state(),
+            "persistent": capture_persistent(run.graph),
             "shards": [{
                 "yielded": run.yielded,
                 "exhausted": run.exhausted,
-                "nodes": {path: {"yielded": n} for path, n in run.counts().items()},
+                "nodes": records,
+                "plan": plan.describe(),
             }],
         }
 
@@ -103,9 +107,14 @@ class InProcessReadingService(ReadingServiceInterface):
         if not state:
             return end
         self._seeds = EpochSeeds.from_state(state["seeds"])
+        restore_persistent(graph, state.get("persistent", {}))
         shard = state["shards"][0]
-        self._run = Run(graph, self._seeds.for_shard(0))
-        self._run.fast_forward(int(shard["yielded"]))
+        if shard["exhausted"]:
+            return end  # the next epoch starts from initialize_iteration
+        records = shard["nodes"]
+        counts = {path: record["yielded"] for path, record in records.items()}
+        plan = make_plan(graph, counts, RestoreStrategy.parse(strategy))
+        self._run = Run(graph, self._seeds.for_shard(0), records=records, plan=plan)
         return end
 
     # -- internals ------------------------------------------------------------------------
@@ -120,11 +129,6 @@ class InProcessReadingService(ReadingServiceInterface):
             self._run.close()
             self._run = None
 
-    def _current(self) -> Run:
-        if self._run is None:
-            raise RuntimeError("no epoch has been started")
-        return self._run
-
 
 class _CurrentRun:
     """What the loader iterates: the service's run for the current epoch."""
@@ -133,4 +137,5 @@ class _CurrentRun:
         self._service = service
 
     def __iter__(self) -> Iterator[Any]:
-        return self._service._current()
+        run = self._service._run
+        return run if run is not None else iter(())  # a restored, already exhausted epoch

@@ -1,0 +1,148 @@
+"""The resumable-iterator protocol: an iterator whose position can be read and rebuilt."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar
+
+__all__ = ["ResumableIterator", "YIELDED", "STATE"]
+
+#: Keys of :meth:`ResumableIterator.state_dict`.
+YIELDED = "yielded"
+STATE = "state"
+
+
+def _note(exc: BaseException, iterator: Any) -> None:
+    """Say once, on the exception, which node raised it (the innermost one)."""
+    if getattr(exc, "_snapshot_node", None) is not None:
+        return
+    path = getattr(iterator, "path", None)
+    try:
+        exc._snapshot_node = path  # type: ignore[attr-defined]
+    except AttributeError:
+        return
+    if path is not None and hasattr(exc, "add_note"):
+        name = type(iterator.datapipe).__name__
+        exc.add_note(f"raised by the DataPipe at {path} ({name})")
+
+
+class ResumableIterator(Iterator[Any], ABC):
+    """Iterates one DataPipe for one epoch, and can say (and restore) where it is.
+
+    The engine creates one per DataPipe and epoch with ``(datapipe, inputs)``, where
+    ``inputs`` are the iterators of the pipe's input DataPipes in graph order (already
+    positioned when restoring) or the input objects themselves for map-style inputs.
+    Subclasses implement :meth:`next`, :meth:`get_state` and :meth:`set_state`; the public
+    :meth:`__next__` and :meth:`state_dict` do the bookkeeping (the count of samples).
+
+    Contract for subclasses:
+
+    - yield exactly what the DataPipe's own ``__iter__`` would, in the same order, raising
+      the same exceptions;
+    - do nothing in ``__init__`` that the original does lazily (opening files, pulling
+      from inputs): iteration starts on the first :meth:`next`;
+    - :meth:`get_state` is called between two samples, never during :meth:`next`; it
+      returns a dict of plain values (numbers, strings, lists, dicts) under fixed keys, plus
+      the buffered samples themselves where the pipe holds some; it must not include the
+      inputs' positions (the engine restores every node separately);
+    - :meth:`set_state` is called on a fresh instance, before the first :meth:`next`, with
+      inputs already positioned where they were when the state was taken.
+    """
+
+    #: Set to ``False`` in subclasses whose state cannot be restored in every graph;
+    #: :meth:`can_restore` then decides per graph.
+    always_restorable: ClassVar[bool] = True
+
+    def __init__(self, datapipe: Any, inputs: Sequence[Any]):
+        self.datapipe = datapipe
+        self.inputs = inputs
+        self.yielded = 0
+        #: ``True`` once :meth:`__next__` raised ``StopIteration``.
+        self.exhausted = False
+        #: The node path, set by the engine (used in error notes).
+        self.path: str | None = None
+        #: Set by the engine: makes a fresh iterator for input ``index`` (see restart_input).
+        self._restart: Callable[[int], Any] | None = None
+
+    def __iter__(self) -> ResumableIterator:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            item = self.next()
+        except StopIteration:
+            self.exhausted = True
+            raise
+        except Exception as exc:
+            _note(exc, self)
+            raise
+        self.yielded += 1
+        return item
+
+    @abstractmethod
+    def next(self) -> Any:
+        """The next sample; raise ``StopIteration`` at the end of the epoch."""
+
+    @abstractmethod
+    def get_state(self) -> dict[str, Any]:
+        """The position of this pipe alone (not of its inputs)."""
+
+    @abstractmethod
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (on a fresh instance, before the first :meth:`next`)."""
+
+    def buffered(self) -> int:
+        """Samples held in buffers (shown by ``snapshot inspect``)."""
+        return 0
+
+    def restart_input(self, index: int) -> Any:
+        """Start input ``index`` over (a fresh iteration of its whole subgraph), as the
+        original does when it calls ``iter()`` on an input a second time (``cycle``)."""
+        restart = self._restart
+        if restart is None:
+            raise RuntimeError(f"{type(self).__name__} is not running inside a snapshot Run")
+        inputs = list(self.inputs)
+        inputs[index] = restart(index)
+        self.inputs = inputs
+        return inputs[index]
+
+    @classmethod
+    def persistent_state(cls, datapipe: Any) -> Any:
+        """State the pipe keeps *across* epochs (a cache), or ``None``.
+
+        It is saved with every snapshot, even one taken between epochs, and put back on the
+        rebuilt pipe before anything else, whatever the restore strategy.
+        """
+        return None
+
+    @classmethod
+    def load_persistent_state(cls, datapipe: Any, state: Any) -> None:
+        """Put back what :meth:`persistent_state` returned."""
+
+    @classmethod
+    def accepts(cls, datapipe: Any) -> bool:
+        """Whether this iterator can run ``datapipe`` (default: any instance of its class)."""
+        return True
+
+    @classmethod
+    def can_restore(cls, node: Any, graph: Any) -> str | None:
+        """``None`` if ``node`` can be restored from its state in ``graph``, else the reason."""
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {YIELDED: self.yielded, STATE: self.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.yielded = int(state[YIELDED])
+        self.set_state(state[STATE])
+
+
+class Stateless(ResumableIterator):
+    """Base for pipes whose position is entirely their inputs' positions (map, filter, ...)."""
+
+    def get_state(self) -> dict[str, Any]:
+        return {}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        pass

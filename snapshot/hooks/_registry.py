@@ -1,0 +1,138 @@
+"""Which DataPipe classes can be saved and restored from state, and how.
+
+Two kinds of hook:
+
+- an *iterator* hook: a :class:`ResumableIterator` subclass that runs the pipe (the engine
+  uses it instead of the pipe's own generator, whose locals cannot be read);
+- an *object* hook: ``state_dict(datapipe)`` / ``load_state_dict(datapipe, state)``
+  functions, for pipes that keep their position in attributes.
+
+A DataPipe that defines ``state_dict()`` and ``load_state_dict(state)`` methods itself (the
+torchdata ``Stateful`` protocol) needs no registration. A registered iterator hook also
+covers subclasses that do not override ``__iter__``, ``__next__`` or ``reset``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from snapshot.hooks._base import ResumableIterator
+
+__all__ = ["StateHook", "hook_for", "register_state_hook", "registered_types"]
+
+_BEHAVIOUR = ("__iter__", "__next__", "reset")
+
+
+@dataclass(frozen=True)
+class StateHook:
+    """How instances of one DataPipe class are saved and restored."""
+
+    iterator: type[ResumableIterator] | None = None
+    state_dict: Callable[[Any], Any] | None = None
+    load_state_dict: Callable[[Any, Any], None] | None = None
+
+    @property
+    def kind(self) -> str:
+        return "iterator" if self.iterator is not None else "object"
+
+
+_HOOKS: dict[type, StateHook] = {}
+#: Modules that register hooks for a third-party package, imported on first use.
+_LAZY_MODULES = {"torchdata": "snapshot.hooks.builtin.torchdata"}
+_loaded_lazy: set[str] = set()
+_builtins_loaded = False
+
+
+def register_state_hook(
+    cls: type,
+    iterator: type[ResumableIterator] | None = None,
+    *,
+    state_dict: Callable[[Any], Any] | None = None,
+    load_state_dict: Callable[[Any, Any], None] | None = None,
+    replace: bool = False,
+) -> None:
+    """Teach the engine to save and restore ``cls`` from state.
+
+    Give either ``iterator`` (a :class:`~snapshot.hooks.ResumableIterator` subclass that
+    runs the pipe) or both ``state_dict(datapipe) -> state`` and
+    ``load_state_dict(datapipe, state)``. ``replace=True`` overrides an existing hook
+    (the built-in ones included).
+    """
+    if not isinstance(cls, type):
+        raise TypeError(f"register_state_hook needs a class, got {cls!r}")
+    if (iterator is None) == (state_dict is None and load_state_dict is None):
+        raise TypeError("give either iterator=..., or both state_dict=... and load_state_dict=...")
+    if iterator is not None and not (isinstance(iterator, type) and issubclass(iterator, ResumableIterator)):
+        raise TypeError(f"iterator must be a ResumableIterator subclass, got {iterator!r}")
+    if iterator is None and (state_dict is None or load_state_dict is None):
+        raise TypeError("an object hook needs both state_dict=... and load_state_dict=...")
+    _load_builtins()
+    if cls in _HOOKS and not replace:
+        raise ValueError(
+            f"{cls.__module__}.{cls.__qualname__} already has a state hook; pass replace=True "
+            "to override it"
+        )
+    _HOOKS[cls] = StateHook(iterator, state_dict, load_state_dict)
+
+
+def _load_builtins() -> None:
+    global _builtins_loaded
+    if not _builtins_loaded:
+        _builtins_loaded = True
+        importlib.import_module("snapshot.hooks.builtin")
+
+
+def _load_lazy(cls: type) -> None:
+    package = cls.__module__.split(".", 1)[0]
+    module = _LAZY_MODULES.get(package)
+    if module is not None and package not in _loaded_lazy:
+        _loaded_lazy.add(package)
+        importlib.import_module(module)
+
+
+def _defines_behaviour(cls: type, upto: type) -> bool:
+    for klass in cls.__mro__:
+        if klass is upto:
+            return False
+        if any(name in vars(klass) for name in _BEHAVIOUR):
+            return True
+    return False
+
+
+def _protocol_hook(datapipe: Any) -> StateHook | None:
+    save = getattr(type(datapipe), "state_dict", None)
+    load = getattr(type(datapipe), "load_state_dict", None)
+    if callable(save) and callable(load):
+        return StateHook(None, save, load)
+    return None
+
+
+def hook_for(datapipe: Any) -> StateHook | None:
+    """The hook that applies to ``datapipe``, or ``None`` when it has hidden state."""
+    _load_builtins()
+    cls = type(datapipe)
+    hook = _HOOKS.get(cls)
+    if hook is None:
+        _load_lazy(cls)
+        hook = _HOOKS.get(cls)
+    if hook is None:
+        hook = _protocol_hook(datapipe)
+    if hook is None:
+        for base in cls.__mro__[1:]:
+            inherited = _HOOKS.get(base)
+            if inherited is not None and inherited.iterator is not None \
+                    and not _defines_behaviour(cls, base):
+                hook = inherited
+                break
+    if hook is not None and hook.iterator is not None and not hook.iterator.accepts(datapipe):
+        return None
+    return hook
+
+
+def registered_types() -> list[type]:
+    """Every class with an explicitly registered hook."""
+    _load_builtins()
+    return list(_HOOKS)

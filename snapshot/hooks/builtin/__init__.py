@@ -1,0 +1,72 @@
+"""State hooks for every DataPipe in ``torch.utils.data.datapipes.iter``.
+
+Each module holds the resumable iterators of one family of pipes; importing this package
+registers them. torchdata's pipes are covered by :mod:`.torchdata`, loaded on first use.
+"""
+
+from torch.utils.data.datapipes.iter import (
+    Batcher,
+    Collator,
+    Concater,
+    FileLister,
+    FileOpener,
+    Filter,
+    Grouper,
+    IterableWrapper,
+    Mapper,
+    Multiplexer,
+    RoutedDecoder,
+    Sampler,
+    ShardingFilter,
+    Shuffler,
+    StreamReader,
+    UnBatcher,
+    Zipper,
+)
+from torch.utils.data.datapipes.iter.combining import (
+    _ChildDataPipe,
+    _DemultiplexerIterDataPipe,
+    _ForkerIterDataPipe,
+)
+
+from snapshot.hooks._registry import register_state_hook
+from snapshot.hooks.builtin.callable import FilterIterator, MapperIterator, RoutedDecoderIterator
+from snapshot.hooks.builtin.combining import (
+    ChildIterator,
+    ConcaterIterator,
+    DemultiplexerContainer,
+    ForkerContainer,
+    MultiplexerIterator,
+    ZipperIterator,
+)
+from snapshot.hooks.builtin.files import FileListerIterator, FileOpenerIterator, StreamReaderIterator
+from snapshot.hooks.builtin.grouping import BatcherIterator, GrouperIterator, UnBatcherIterator
+from snapshot.hooks.builtin.sharding import ShardingFilterIterator
+from snapshot.hooks.builtin.shuffle import ShufflerIterator
+from snapshot.hooks.builtin.sources import IterableWrapperIterator, SamplerIterator
+
+BUILTIN_HOOKS = {
+    IterableWrapper: IterableWrapperIterator,
+    Sampler: SamplerIterator,
+    Mapper: MapperIterator,
+    Collator: MapperIterator,
+    Filter: FilterIterator,
+    RoutedDecoder: RoutedDecoderIterator,
+    Shuffler: ShufflerIterator,
+    Batcher: BatcherIterator,
+    UnBatcher: UnBatcherIterator,
+    Grouper: GrouperIterator,
+    Concater: ConcaterIterator,
+    Zipper: ZipperIterator,
+    Multiplexer: MultiplexerIterator,
+    _ForkerIterDataPipe: ForkerContainer,
+    _DemultiplexerIterDataPipe: DemultiplexerContainer,
+    _ChildDataPipe: ChildIterator,
+    ShardingFilter: ShardingFilterIterator,
+    FileLister: FileListerIterator,
+    FileOpener: FileOpenerIterator,
+    StreamReader: StreamReaderIterator,
+}
+
+for _cls, _iterator in BUILTIN_HOOKS.items():
+    register_state_hook(_cls, _iterator, replace=True)

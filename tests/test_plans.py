@@ -1,0 +1,116 @@
+"""Restore plans: state wherever possible, replay only the smallest closed subgraph."""
+
+from __future__ import annotations
+
+import pytest
+from torch.utils.data.datapipes.iter import Batcher, Forker, IterableWrapper, Zipper
+
+import snapshot
+from snapshot.graph import Graph
+from snapshot.restore import RestoreStrategy, make_plan
+from snapshot.testing import Cut, assert_resumes_exactly
+from tests import graphs
+
+
+def plan_of(datapipe, strategy=RestoreStrategy.AUTO, counts=None):
+    graph = Graph(datapipe)
+    return graph, make_plan(graph, counts or {n.path: 5 for n in graph}, strategy)
+
+
+def test_all_builtin_graph_needs_no_replay() -> None:
+    _, plan = plan_of(graphs.combining())
+    assert plan.replay == frozenset() and plan.drivers == ()
+
+
+def test_a_hookless_pipe_is_replayed_with_its_inputs_only() -> None:
+    graph, plan = plan_of(graphs.with_generator_pipe())
+    assert plan.drivers == (("0/datapipe", 5),)  # the user pipe, not the batch above it
+    assert plan.replay == {"0/datapipe", "0/datapipe/datapipe", "0/datapipe/datapipe/datapipe"}
+    assert plan.method("0") == "state"
+    assert "no state hook" in plan.reasons["0/datapipe"]
+
+
+def test_a_hookless_pipe_behind_a_fork_replays_up_to_the_join() -> None:
+    a, b = Forker(IterableWrapper(range(20)), 2)
+    dp = Batcher(Zipper(graphs.Squares(a), b), 2)
+    graph, plan = plan_of(dp)
+    # fork's other child feeds the zip, so the smallest closed subgraph ends at the zip
+    assert plan.drivers == (("0/datapipe", 5),)
+    assert "0" not in plan.replay
+
+
+def test_fast_forward_replays_everything_from_the_sink() -> None:
+    graph, plan = plan_of(graphs.linear(), RestoreStrategy.FAST_FORWARD)
+    assert plan.drivers == (("0", 5),)
+    assert plan.replay == {n.path for n in graph}
+
+
+def test_state_is_refused_up_front_listing_every_hookless_node() -> None:
+    dp = Zipper(graphs.Squares(IterableWrapper(range(3))), graphs.Squares(IterableWrapper(range(3))))
+    with pytest.raises(snapshot.StrategyError) as info:
+        plan_of(dp, RestoreStrategy.STATE)
+    message = str(info.value)
+    assert "2 node(s)" in message and "0/datapipes/0" in message and "0/datapipes/1" in message
+
+
+def test_auto_restores_hookless_graphs_exactly() -> None:
+    assert_resumes_exactly(graphs.with_generator_pipe, epochs=2, strategies=("auto", "fast_forward"))
+
+
+def test_the_plan_is_recorded_in_the_manifest() -> None:
+    dl = snapshot.DataLoader2(graphs.with_generator_pipe())
+    it = iter(dl)
+    for _ in range(4):
+        next(it)
+    manifest = dl.save_snapshot().manifest
+    shard = manifest["shards"][0]
+    assert shard["plan"]["drivers"] == [{"path": "0/datapipe", "replay": 12}]
+    assert shard["nodes"]["0"]["restore"] == "state"
+    assert shard["nodes"]["0/datapipe/datapipe"]["restore"] == "replay"
+    assert shard["nodes"]["0/datapipe/datapipe"]["buffered"] == 6
+    assert shard["nodes"]["0/datapipe/datapipe"]["state_bytes"] > 0
+
+
+def test_state_restore_costs_the_state_not_the_position() -> None:
+    """A state restore touches no sample before the cut; fast-forward recomputes them all."""
+    calls = graphs.SPY_CALLS
+    dl = snapshot.DataLoader2(graphs.spied())
+    it = iter(dl)
+    for _ in range(2000):
+        next(it)
+    snap = dl.save_snapshot()
+    calls.clear()
+    fresh = snapshot.DataLoader2(graphs.spied())
+    fresh.restore_snapshot(snap, strategy="state")
+    assert calls == []
+    next(iter(fresh))
+    assert len(calls) == 4
+    calls.clear()
+    slow = snapshot.DataLoader2(graphs.spied())
+    slow.restore_snapshot(snap, strategy="fast_forward")
+    assert len(calls) == 8000
+
+
+def test_replay_that_does_not_reproduce_the_position_is_refused() -> None:
+    """A replayed part that behaves differently is caught by comparing replayed counts."""
+    dl = snapshot.DataLoader2(graphs.shifting_filter())
+    it = iter(dl)
+    for _ in range(5):
+        next(it)
+    snap = dl.save_snapshot()
+    graphs.FILTER_SHIFT[0] = 1
+    try:
+        for strategy in ("auto", "fast_forward"):
+            with pytest.raises(snapshot.RestoreError) as info:
+                snapshot.DataLoader2(graphs.shifting_filter()).restore_snapshot(snap, strategy=strategy)
+            message = str(info.value)
+            assert "did not reproduce the saved position" in message
+            assert "0/datapipe/datapipe/datapipe (IterableWrapperIterDataPipe" in message
+            assert "saved 15, replayed 14" in message
+    finally:
+        graphs.FILTER_SHIFT[0] = 0
+
+
+def test_cuts_twice_in_a_row_on_a_mixed_graph() -> None:
+    assert_resumes_exactly(graphs.with_generator_pipe, epochs=1,
+                           cuts=[Cut(0, 2, then=5), Cut(0, 6, then=13)], strategies=("auto",))

@@ -16,9 +16,12 @@ EXTRAS = {
     "torchdata": ["torchdata==0.9.0"],
     "accelerate": ["accelerate>=1.0"],
     "lightning": ["lightning>=2.3"],
-    "graph": ["graphviz>=0.20"],
+    # the docs site and executed notebook tutorials (see docs/ and tutorials/)
+    "docs": [],
+    # what the test suite needs for the `snapshot` command's tests (fuzzing, pictures)
+    "cli": [],
 }
-EXTRAS["dev"] = [
+EXTRAS["dev"] = EXTRAS["docs"] + EXTRAS["cli"] + [
     "torchdata==0.9.0",
     "numpy>=1.26",
     "pytest>=8.0",

@@ -3,16 +3,16 @@
 A snapshot file is::
 
     offset  size  field
-    0       14    magic  b"\\x89snapshot\\r\\n\\x1a\\n"  (catches text-mode and truncated copies)
-    14      2     container version, little-endian (1)
-    16      2     flags (bit 0: signed)
-    18      4     manifest length M
-    22      8     payload length P
-    30      32    sha256 of the manifest bytes
-    62      32    sha256 of the payload bytes
-    94      M     manifest: UTF-8 JSON object, readable without unpickling anything
-    94+M    P     payload: pickled objects (the graph, node states, buffered items)
-    94+M+P  32    HMAC-SHA256 of bytes [0, 94) under the user's key, only when signed
+    0       13    magic  b"\\x89snapshot\\r\\n\\x1a\\n"  (catches text-mode and truncated copies)
+    13      2     container version, little-endian (1)
+    15      2     flags (bit 0: signed)
+    17      4     manifest length M
+    21      8     payload length P
+    29      32    sha256 of the manifest bytes
+    61      32    sha256 of the payload bytes
+    93      M     manifest: UTF-8 JSON object, readable without unpickling anything
+    93+M    P     payload: pickled objects (the graph, node states, buffered items)
+    93+M+P  32    HMAC-SHA256 of bytes [0, 93) under the user's key, only when signed
 
 The header carries both digests, so the HMAC over the header authenticates the whole file.
 Readers check, in order: magic, container version, sizes against the real file size,
@@ -220,7 +220,13 @@ def _parse_manifest(data: bytes, source: str) -> dict[str, Any]:
         raise CorruptSnapshotError(
             f"the manifest is not valid UTF-8 JSON ({exc})", source=source, offset=_PREFIX,
         ) from exc
-    if not isinstance(manifest, dict) or not isinstance(manifest.get(FORMAT), int):
+    except RecursionError as exc:
+        raise CorruptSnapshotError(
+            "the manifest's JSON is nested too deeply to be a snapshot manifest",
+            source=source, offset=_PREFIX,
+        ) from exc
+    version = manifest.get(FORMAT) if isinstance(manifest, dict) else None
+    if not isinstance(version, int) or isinstance(version, bool):
         raise CorruptSnapshotError(
             "the manifest has no integer 'format' field", source=source, offset=_PREFIX,
         )
@@ -401,8 +407,15 @@ def from_state_dict(state: Any, *, source: str = "<state_dict>") -> Container:
         raise CorruptSnapshotError(
             "the state dict lacks its 'manifest' dict or its 'payload' bytes", source=source,
         )
-    manifest = _parse_manifest(json.dumps(dict(manifest)).encode(), source)
-    recorded = manifest.get(PAYLOAD, {}).get("sha256")
+    try:
+        manifest_bytes = json.dumps(dict(manifest)).encode()
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise CorruptSnapshotError(
+            f"the state dict's 'manifest' is not plain JSON data ({exc})", source=source,
+        ) from exc
+    manifest = _parse_manifest(manifest_bytes, source)
+    record = manifest.get(PAYLOAD)
+    recorded = record.get("sha256") if isinstance(record, dict) else None
     if recorded != hashlib.sha256(payload).hexdigest():
         raise CorruptSnapshotError(
             "the payload checksum does not match the manifest: the state dict was altered; "

@@ -16,8 +16,22 @@ EXTRAS = {
     "torchdata": ["torchdata==0.9.0"],
     "accelerate": ["accelerate>=1.0"],
     "lightning": ["lightning>=2.3"],
-    # the docs site and executed notebook tutorials (see docs/ and tutorials/)
-    "docs": [],
+    # the docs site and executed notebook tutorials (see docs/ and tutorials/). The site
+    # builder and its plugins are pinned: their upgrades add warnings, and the build is strict.
+    "docs": [
+        "mkdocs==1.6.1",
+        "mkdocs-material==9.8.1",
+        "mkdocstrings==1.0.8",
+        "mkdocstrings-python==2.0.11",
+        "griffelib==2.4.1",
+        "mkdocs-autorefs==1.4.5",
+        "pymdown-extensions==13.1",
+        "jupytext>=1.16,<2",
+        "nbformat>=5.9,<6",
+        "nbclient>=0.10,<0.12",
+        "ipykernel>=6.29,<8",
+        "matplotlib>=3.8,<4",
+    ],
     # what the test suite needs for the `snapshot` command's tests (fuzzing, pictures)
     "cli": [],
 }

@@ -1,0 +1,65 @@
+"""MkDocs hooks for this site (listed under ``hooks:`` in ``mkdocs.yml``).
+
+- ``on_files``: a placeholder for each page that another issue is still writing. The nav
+  lists every page the site will have; a page in ``PENDING`` whose file does not exist yet
+  is generated with a short "in progress" note, so the site builds (strictly) with a
+  complete nav. As soon as the real file lands in ``docs/`` it is used instead.
+- ``on_page_content``: the package's docstrings are also read as reStructuredText by
+  editors and ``help()``; in the API pages, drop their Sphinx roles (``:func:`x``` becomes
+  ``x`` in code) and the ``::`` that introduces a literal block.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+from mkdocs.structure.files import File, Files
+
+log = logging.getLogger(f"mkdocs.hooks.{__name__}")
+
+_ISSUE_6 = "issue 6 (the `snapshot` command: `inspect`, `diff`, `verify`, `graph`; its reference and the threat model)"
+
+PENDING = {
+    "cli.md": (
+        "Command line",
+        "The reference of the `snapshot` command is being written in " + _ISSUE_6 + ".\n\n"
+        "Until it lands, [Inspect a snapshot](how-to/inspect.md) shows the command that exists "
+        "today, `snapshot inspect FILE [--json]`.",
+    ),
+    "threat-model.md": (
+        "Threat model",
+        "The threat model is being written in " + _ISSUE_6 + ".\n\n"
+        "Until it lands, the [file format](format.md#reading-order) says which checks a reader "
+        "makes, in which order, before anything is unpickled.",
+    ),
+}
+
+
+def on_files(files: Files, config: Any) -> Files:
+    docs_dir = Path(config["docs_dir"])
+    for name, (title, body) in PENDING.items():
+        if (docs_dir / name).exists():
+            continue
+        log.info("%s is not written yet: using a placeholder page", name)
+        content = f"# {title}\n\n!!! note \"In progress\"\n    " + body.replace("\n", "\n    ") + "\n"
+        files.append(File.generated(config, name, content=content))
+    return files
+
+
+_ROLE = re.compile(r":(?:func|class|meth|mod|attr|exc|data|obj):<code>~?([\w.]+)</code>")
+_LITERAL = re.compile(r"::</p>")
+
+
+def _short(match: re.Match[str]) -> str:
+    name = match.group(1)
+    shown = name.rsplit(".", 1)[-1] if "~" in match.group(0) else name
+    return f"<code>{shown}</code>"
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Files) -> str:
+    if not page.file.src_uri.startswith("reference/"):
+        return html
+    return _LITERAL.sub(":</p>", _ROLE.sub(_short, html))

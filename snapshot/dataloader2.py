@@ -86,7 +86,7 @@ class DataLoader2(Generic[T_co]):
         reading_service: where the graph runs; default ``InProcessReadingService()``.
             The loader works on a copy of it.
 
-    Example:
+    Examples:
         >>> from torch.utils.data.datapipes.iter import IterableWrapper
         >>> import snapshot
         >>> dl = snapshot.DataLoader2(IterableWrapper(range(10)).shuffle().batch(3))

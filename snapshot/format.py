@@ -316,7 +316,27 @@ def read_container(src: PathOrFile, *, key: bytes | str | None = None) -> Contai
 
 
 def read_manifest(src: PathOrFile) -> dict[str, Any]:
-    """The manifest of a snapshot file, verified, without reading or unpickling the payload."""
+    """The manifest of a snapshot file, verified, without reading or unpickling the payload.
+
+    ``src`` is a path or a binary file object. The header and the manifest's checksum are
+    checked (a damaged or foreign file raises a :class:`~snapshot.SnapshotFileError`); the
+    payload is never read, so this is safe on a file of any origin.
+
+    Examples:
+        >>> import io
+        >>> from torch.utils.data.datapipes.iter import IterableWrapper
+        >>> import snapshot
+        >>> dl = snapshot.DataLoader2(IterableWrapper(range(10)).batch(2))
+        >>> _ = next(iter(dl))
+        >>> f = io.BytesIO()
+        >>> snapshot.save(dl.save_snapshot(), f)
+        >>> _ = f.seek(0)
+        >>> manifest = snapshot.read_manifest(f)
+        >>> manifest["loader"]["epoch"], manifest["loader"]["yielded"]
+        (0, 1)
+        >>> [node["path"] for node in manifest["graph"]["nodes"]]
+        ['0', '0/datapipe']
+    """
     source = _source_name(src)
     if isinstance(src, (str, os.PathLike)):
         try:

@@ -60,6 +60,25 @@ def register_state_hook(
     runs the pipe) or both ``state_dict(datapipe) -> state`` and
     ``load_state_dict(datapipe, state)``. ``replace=True`` overrides an existing hook
     (the built-in ones included).
+
+    Examples:
+        >>> from torch.utils.data import IterDataPipe
+        >>> from snapshot.hooks import hook_for, register_state_hook
+        >>> class Counter(IterDataPipe):
+        ...     def __init__(self, n):
+        ...         self.n, self.i = n, 0
+        ...     def reset(self):
+        ...         self.i = 0
+        ...     def __iter__(self):
+        ...         while self.i < self.n:
+        ...             self.i += 1
+        ...             yield self.i
+        >>> hook_for(Counter(3)) is None
+        True
+        >>> register_state_hook(Counter, state_dict=lambda dp: {"i": dp.i},
+        ...                     load_state_dict=lambda dp, state: setattr(dp, "i", state["i"]))
+        >>> hook_for(Counter(3)).kind
+        'object'
     """
     if not isinstance(cls, type):
         raise TypeError(f"register_state_hook needs a class, got {cls!r}")

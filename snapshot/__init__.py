@@ -44,8 +44,10 @@ from snapshot.errors import (
 )
 from snapshot.format import read_manifest
 from snapshot.randomness import SeedGenerator
+from snapshot.reading_service._engine import GlobalRNG
 from snapshot.reading_service.base import ReadingServiceInterface
 from snapshot.reading_service.in_process import InProcessReadingService
+from snapshot.reading_service.multiprocessing import MultiProcessingReadingService
 from snapshot.restore import RestoreStrategy, restore
 from snapshot.sharding import WorkerInfo
 
@@ -56,9 +58,11 @@ __all__ = [
     "EmptySnapshotError",
     "ExecutionError",
     "ForeignFileError",
+    "GlobalRNG",
     "GraphMismatchError",
     "InProcessReadingService",
     "LayoutError",
+    "MultiProcessingReadingService",
     "PositionError",
     "RankError",
     "ReadingServiceInterface",

@@ -75,45 +75,43 @@ def _versions() -> dict[str, str]:
     return versions
 
 
+def _map_nodes(service: Mapping[str, Any], convert: Any) -> dict[str, Any]:
+    """A copy of ``service`` with ``convert(path, state)`` applied to every node state."""
+    def nodes(records: Mapping[str, Any]) -> dict[str, Any]:
+        out = {}
+        for path, record in records.items():
+            out[path] = dict(record)
+            if record.get("state") is not None:
+                out[path]["state"] = convert(path, record["state"])
+        return out
+
+    converted = dict(service)
+    if "shards" in service:
+        converted["shards"] = [{**shard, "nodes": nodes(shard.get("nodes", {}))} for shard in service["shards"]]
+    if "upstream" in service:
+        converted["upstream"] = [{**up, "nodes": nodes(up.get("nodes", {}))} for up in service["upstream"]]
+    return converted
+
+
 def _encode_nodes(service: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of ``service`` whose node states are pickled one node at a time.
 
     Each state is its own pickle, so a state that cannot be pickled is reported with its
     node path, and the manifest can show each node's state size.
     """
-    shards = []
-    for shard in service.get("shards", []):
-        nodes = {}
-        for path, record in shard.get("nodes", {}).items():
-            encoded = dict(record)
-            if record.get("state") is not None:
-                encoded["state"] = _serialization.dumps(
-                    record["state"], what=f"state of the DataPipe at {path}")
-            nodes[path] = encoded
-        shards.append({**shard, "nodes": nodes})
-    return {**service, "shards": shards} if "shards" in service else dict(service)
+    return _map_nodes(service, lambda path, state: _serialization.dumps(
+        state, what=f"state of the DataPipe at {path}"))
 
 
 def decode_nodes(service: Mapping[str, Any]) -> dict[str, Any]:
     """Inverse of :func:`_encode_nodes` (call only on verified payloads)."""
-    shards = []
-    for shard in service.get("shards", []):
-        nodes = {}
-        for path, record in shard.get("nodes", {}).items():
-            decoded = dict(record)
-            if isinstance(record.get("state"), bytes):
-                decoded["state"] = _serialization.loads(
-                    record["state"], what=f"state of the DataPipe at {path}")
-            nodes[path] = decoded
-        shards.append({**shard, "nodes": nodes})
-    return {**service, "shards": shards} if "shards" in service else dict(service)
+    return _map_nodes(service, lambda path, state: _serialization.loads(
+        state, what=f"state of the DataPipe at {path}") if isinstance(state, bytes) else state)
 
 
-def _shard_manifest(shard: Mapping[str, Any]) -> dict[str, Any]:
-    plan = shard.get("plan", {})
-    replayed = set(plan.get("replayed_nodes", []))
+def _node_manifest(records: Mapping[str, Any], replayed: set[str]) -> dict[str, Any]:
     nodes = {}
-    for path, record in shard.get("nodes", {}).items():
+    for path, record in records.items():
         state = record.get("state")
         nodes[path] = {
             "yielded": record.get("yielded"),
@@ -121,12 +119,29 @@ def _shard_manifest(shard: Mapping[str, Any]) -> dict[str, Any]:
             "buffered": record.get("buffered", 0),
             "restore": "replay" if path in replayed else "state",
         }
+    return nodes
+
+
+def _shard_manifest(shard: Mapping[str, Any]) -> dict[str, Any]:
+    plan = shard.get("plan", {})
+    replayed = set(plan.get("replayed_nodes", []))
     return {
         "yielded": shard.get("yielded", 0),
-        "exhausted": shard.get("exhausted", False),
-        "in_flight": shard.get("in_flight", 0),
+        "produced": shard.get("produced"),
+        "exhausted": bool(shard.get("finished", shard.get("exhausted", False))),
+        "in_flight": len(shard.get("in_flight", [])),
         "plan": {"drivers": plan.get("drivers", []), "reasons": plan.get("reasons", {})},
-        "nodes": nodes,
+        "nodes": _node_manifest(shard.get("nodes", {}), replayed),
+    }
+
+
+def _upstream_manifest(upstream: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "shards": list(upstream.get("shards", [])),
+        "routers": {path: {"position": r["position"], "ended": r["ended"],
+                           "queued": {str(s): len(q) for s, q in r["queues"].items()}}
+                    for path, r in upstream.get("routers", {}).items()},
+        "nodes": _node_manifest(upstream.get("nodes", {}), set()),
     }
 
 
@@ -162,6 +177,7 @@ def _manifest(source: LoaderState, service: Mapping[str, Any], payload: bytes,
         },
         "service": {"name": source.service_name, **service.get("layout", {})},
         "shards": [_shard_manifest(s) for s in service.get("shards", [])],
+        "upstream": [_upstream_manifest(u) for u in service.get("upstream", [])],
         "verify": source.verify,
         format.PAYLOAD: {**format.payload_record(payload), "parts": parts},
     }

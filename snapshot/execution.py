@@ -112,6 +112,7 @@ class Run(Iterator[Any]):
         graph: the graph (its DataPipes are used as they are: seeds are applied to them).
         seeds: per node path, the seed for pipes with ``set_seed``.
         sink: the node to iterate.
+        sinks: further nodes whose cells other code reads (a router's input); see :meth:`cell`.
         ports: pre-built cells for some nodes (a logical shard's input, say).
         records: saved node records to restore from (``None``: start of the epoch).
         plan: with ``records``, which nodes to replay instead of loading.
@@ -123,6 +124,7 @@ class Run(Iterator[Any]):
         seeds: Mapping[str, int],
         *,
         sink: str = ROOT,
+        sinks: tuple[str, ...] = (),
         ports: Mapping[str, Any] | None = None,
         records: Mapping[str, NodeRecord] | None = None,
         plan: Plan | None = None,
@@ -140,6 +142,8 @@ class Run(Iterator[Any]):
         self._cells: dict[str, Any] = {}
         self._slots: list[Any] = []
         self._sink = self._build(sink)
+        for extra in sinks:
+            self._build(extra)
         self.exhausted = False
         if records is not None and plan is not None:
             self._replay_drivers(plan, records)
@@ -244,6 +248,10 @@ class Run(Iterator[Any]):
                 "from an unseeded random source, or reads data that changed)."
             )
 
+    def cell(self, path: str) -> Any:
+        """The iterator running node ``path`` in this run."""
+        return self._cells[path]
+
     # -- iterating ------------------------------------------------------------------------
 
     def __iter__(self) -> Run:
@@ -268,7 +276,7 @@ class Run(Iterator[Any]):
         counts: dict[str, int | None] = {}
         for node in self.graph.nodes:
             cell = self._cells.get(node.path)
-            if cell is None or node.path in self._ports:
+            if cell is None:
                 continue
             started = cell.yielded or not isinstance(cell, CountingIterator) or cell.started
             counts[node.path] = cell.yielded if started else None

@@ -274,8 +274,12 @@ class Graph:
     def contains(self, datapipe: Any) -> bool:
         return id(datapipe) in self._path_of
 
-    def ancestors(self, path: str, *, include_self: bool = True) -> list[str]:
-        """Paths of ``path`` and everything it reads from, in graph order."""
+    def ancestors(self, path: str, *, include_self: bool = True,
+                  stop: frozenset[str] | set[str] = frozenset()) -> list[str]:
+        """Paths of ``path`` and everything it reads from, in graph order.
+
+        Nodes in ``stop`` are included but not walked through (a logical shard's input).
+        """
         seen: set[str] = set()
         stack = [path]
         while stack:
@@ -283,7 +287,8 @@ class Graph:
             if current in seen:
                 continue
             seen.add(current)
-            stack.extend(self.by_path[current].inputs)
+            if current not in stop:
+                stack.extend(self.by_path[current].inputs)
         if not include_self:
             seen.discard(path)
         return [n.path for n in self.nodes if n.path in seen]

@@ -33,6 +33,7 @@ _M64 = 0xFFFFFFFFFFFFFFFF
 _MUL = (0xD2511F53, 0xCD9E8D57)
 _WEYL = (0x9E3779B9, 0xBB67AE85)
 UINT64_LIMIT = 2**64
+_RNG_SALT = 0x5EED_0F_610BA1_5EED
 
 
 def _philox(key: tuple[int, int], counter: list[int]) -> list[int]:
@@ -164,10 +165,8 @@ def is_random(datapipe: Any) -> bool:
     return inspect.ismethod(getattr(datapipe, "set_seed", None))
 
 
-def _is_sharding_filter(datapipe: Any) -> bool:
-    from torch.utils.data.datapipes.iter.sharding import ShardingFilterIterDataPipe
-
-    return type(datapipe) is ShardingFilterIterDataPipe
+def _is_sharding_point(datapipe: Any) -> bool:
+    return inspect.ismethod(getattr(datapipe, "apply_sharding", None))
 
 
 @dataclass
@@ -176,6 +175,8 @@ class EpochSeeds:
 
     shared: dict[str, int] = field(default_factory=dict)
     shards: list[dict[str, int]] = field(default_factory=list)
+    #: Per logical shard, the seed of its own ``random``/``numpy``/``torch`` generator states.
+    rng: list[int] = field(default_factory=list)
 
     def for_shard(self, shard: int) -> dict[str, int]:
         seeds = dict(self.shared)
@@ -183,19 +184,26 @@ class EpochSeeds:
         return seeds
 
     def state(self) -> dict[str, Any]:
-        return {"shared": dict(self.shared), "shards": [dict(s) for s in self.shards]}
+        return {"shared": dict(self.shared), "shards": [dict(s) for s in self.shards], "rng": list(self.rng)}
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> EpochSeeds:
         return cls(
             {str(k): int(v) for k, v in state["shared"].items()},
             [{str(k): int(v) for k, v in s.items()} for s in state["shards"]],
+            [int(v) for v in state.get("rng", [])],
         )
 
 
 def epoch_seeds(generator: SeedGenerator, graph: Graph, logical_shards: int = 1) -> EpochSeeds:
-    """Draw this epoch's seeds for every random pipe of ``graph``; advances ``generator``."""
-    sharding = [n.path for n in graph.nodes if _is_sharding_filter(n.datapipe)]
+    """Draw this epoch's seeds for every random pipe of ``graph``; advances ``generator``.
+
+    Pipes at or above a sharding point get shared seeds (every logical shard must see the
+    same order there); pipes below it get per-shard seeds. The per-shard seeds of the global
+    generators are derived from a copy of ``generator``, so they do not shift the sequence.
+    """
+    rng_key = PhiloxEngine(SeedGenerator.from_state(generator.state()).generate_shared_seed() ^ _RNG_SALT)
+    sharding = [n.path for n in graph.nodes if _is_sharding_point(n.datapipe)]
     above: list[str] = []
     seen: set[str] = set()
     for path in sharding:
@@ -204,7 +212,7 @@ def epoch_seeds(generator: SeedGenerator, graph: Graph, logical_shards: int = 1)
                 seen.add(p)
                 above.append(p)
     below = graph.bfs(exclude=set(above))
-    seeds = EpochSeeds()
+    seeds = EpochSeeds(rng=[rng_key.spawn(shard).generate() for shard in range(logical_shards)])
     for path in above:
         if is_random(graph[path].datapipe):
             seeds.shared[path] = generator.generate_shared_seed()

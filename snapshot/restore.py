@@ -70,10 +70,12 @@ def check_graph(saved_nodes: list[dict[str, Any]], graph: Graph) -> None:
     )
 
 
-def needs_replay(graph: Graph) -> dict[str, str]:
-    """Nodes that cannot be restored from state, with the reason for each."""
+def needs_replay(graph: Graph, nodes: set[str] | None = None) -> dict[str, str]:
+    """Nodes (of ``nodes``, default all) that cannot be restored from state, with the reason."""
     reasons: dict[str, str] = {}
     for node in graph.nodes:
+        if nodes is not None and node.path not in nodes:
+            continue
         if isinstance(node.datapipe, MapDataPipe):
             continue  # map-style pipes have no position
         hook = hook_for(node.datapipe)
@@ -99,6 +101,9 @@ class Plan:
     replay: frozenset[str]
     drivers: tuple[tuple[str, int], ...]
     reasons: Mapping[str, str] = field(default_factory=dict)
+    #: The replay reaches the part's input (a logical shard's sharding point): the samples
+    #: it received since the start of the epoch must be produced again.
+    reaches_ports: bool = False
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -106,6 +111,7 @@ class Plan:
             "drivers": [{"path": p, "replay": n} for p, n in self.drivers],
             "replayed_nodes": sorted(self.replay),
             "reasons": dict(self.reasons),
+            "reaches_sharding_point": self.reaches_ports,
         }
 
     def method(self, path: str) -> str:
@@ -122,37 +128,59 @@ class Plan:
         return "\n".join(lines)
 
 
-def _is_closed(graph: Graph, driver: str, closure: set[str]) -> bool:
-    return all(set(graph[p].consumers) <= closure for p in closure if p != driver)
+class _Part:
+    """The part of a graph one run covers: ``nodes``, with ``ports`` as its leaves."""
 
+    def __init__(self, graph: Graph, sinks: list[str], ports: frozenset[str]):
+        self.graph = graph
+        self.ports = ports
+        covered: set[str] = set()
+        for sink in sinks:
+            covered.update(graph.ancestors(sink, stop=ports))
+        self.nodes = covered
+        self.order = {n.path: i for i, n in enumerate(graph.nodes)}
 
-def _descendants(graph: Graph, path: str) -> list[str]:
-    seen, stack = {path}, [path]
-    while stack:
-        for consumer in graph[stack.pop()].consumers:
-            if consumer not in seen:
-                seen.add(consumer)
-                stack.append(consumer)
-    return [n.path for n in graph.nodes if n.path in seen]
+    def closure(self, path: str) -> set[str]:
+        return set(self.graph.ancestors(path, stop=self.ports))
 
+    def consumers(self, path: str) -> set[str]:
+        return {c for c in self.graph[path].consumers if c in self.nodes}
 
-def _smallest_closed(graph: Graph, path: str) -> tuple[str, set[str]]:
-    best: tuple[str, set[str]] | None = None
-    for candidate in _descendants(graph, path):
-        closure = set(graph.ancestors(candidate))
-        if _is_closed(graph, candidate, closure) and (best is None or len(closure) < len(best[1])):
-            best = (candidate, closure)
-    assert best is not None  # the sink always qualifies
-    return best
+    def is_closed(self, driver: str, closure: set[str]) -> bool:
+        return all(self.consumers(p) <= closure for p in closure if p != driver)
+
+    def descendants(self, path: str) -> list[str]:
+        seen, stack = {path}, [path]
+        while stack:
+            for consumer in self.consumers(stack.pop()):
+                if consumer not in seen:
+                    seen.add(consumer)
+                    stack.append(consumer)
+        return sorted(seen, key=self.order.__getitem__)
+
+    def smallest_closed(self, path: str) -> tuple[str, set[str]]:
+        best: tuple[str, set[str]] | None = None
+        for candidate in self.descendants(path):
+            closure = self.closure(candidate)
+            if self.is_closed(candidate, closure) and (best is None or len(closure) < len(best[1])):
+                best = (candidate, closure)
+        assert best is not None  # a sink of the part always qualifies
+        return best
 
 
 def make_plan(graph: Graph, counts: Mapping[str, int | None], strategy: RestoreStrategy,
-              sink: str = ROOT) -> Plan:
-    """The restore plan for ``graph`` at the saved per-node ``counts``."""
-    reasons = needs_replay(graph)
+              sinks: list[str] | None = None, ports: frozenset[str] = frozenset()) -> Plan:
+    """The restore plan for the part of ``graph`` behind ``sinks`` at the saved ``counts``.
+
+    ``ports`` are nodes fed from outside the part (a logical shard's input): they are put
+    back by their owner, never replayed.
+    """
+    sinks = sinks or [ROOT]
+    part = _Part(graph, sinks, ports)
+    reasons = needs_replay(graph, part.nodes - ports)
     if strategy is RestoreStrategy.FAST_FORWARD:
-        every = frozenset(graph.ancestors(sink))
-        return Plan(strategy, every, ((sink, int(counts.get(sink) or 0)),), reasons)
+        return Plan(strategy, frozenset(part.nodes - ports),
+                    tuple((s, int(counts.get(s) or 0)) for s in sinks), reasons, bool(part.nodes & ports))
     if strategy is RestoreStrategy.STATE and reasons:
         listing = "\n".join(f"  {p}: {graph[p].signature}: {r}" for p, r in reasons.items())
         raise StrategyError(
@@ -163,15 +191,15 @@ def make_plan(graph: Graph, counts: Mapping[str, int | None], strategy: RestoreS
         )
     chosen: dict[str, set[str]] = {}
     for path in reasons:
-        driver, closure = _smallest_closed(graph, path)
+        driver, closure = part.smallest_closed(path)
         chosen[driver] = closure
     drivers = [d for d in chosen if not any(d != o and d in chosen[o] for o in chosen)]
     replay: set[str] = set()
     for d in drivers:
         replay |= chosen[d]
-    order = {n.path: i for i, n in enumerate(graph.nodes)}
-    drivers.sort(key=order.__getitem__)
-    return Plan(strategy, frozenset(replay), tuple((d, int(counts.get(d) or 0)) for d in drivers), reasons)
+    drivers.sort(key=part.order.__getitem__)
+    return Plan(strategy, frozenset(replay - ports), tuple((d, int(counts.get(d) or 0)) for d in drivers),
+                reasons, bool(replay & ports))
 
 
 def restore(loader: Any, src: Any, *, strategy: RestoreStrategy | str = "auto",

@@ -1,4 +1,17 @@
-"""Sharding points: where a graph is split between workers, ranks and logical shards."""
+"""Sharding points: where a graph is cut into logical shards.
+
+A graph is cut at its *sharding points*:
+
+- a ``sharding_filter`` is a **router**: the part above it (its inputs and everything they
+  read from) runs once per worker, and the samples reaching the filter are dealt to the
+  logical shards by index (sample ``i`` goes to shard ``i % L``);
+- any other pipe with an ``apply_sharding`` method (a source that reads its own share) is
+  **replicated**: each logical shard runs its own copy, configured with
+  ``apply_sharding(L, shard)``.
+
+Everything not above a router runs once per logical shard. A graph without a sharding
+point has a single logical shard.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +19,12 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
+from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, ShardingFilterIterDataPipe
 
+from snapshot.errors import ShardingError
 from snapshot.graph import Graph
 
-__all__ = ["WorkerInfo", "apply_sharding", "is_sharding_point"]
+__all__ = ["Topology", "WorkerInfo", "analyze", "apply_sharding", "is_sharding_point"]
 
 
 @dataclass(frozen=True)
@@ -34,11 +48,76 @@ def apply_sharding(
 ) -> Any:
     """Configure every sharding point of the graph as instance ``instance_id`` of ``num_of_instances``."""
     for node in Graph(datapipe):
-        method = getattr(node.datapipe, "apply_sharding", None)
-        if not inspect.ismethod(method):
-            continue
-        if len(inspect.signature(method).parameters) < 3:
-            method(num_of_instances, instance_id)
-        else:
-            method(num_of_instances, instance_id, sharding_group=sharding_group)
+        _apply(node.datapipe, num_of_instances, instance_id, sharding_group)
     return datapipe
+
+
+def _apply(datapipe: Any, count: int, instance: int,
+           group: SHARDING_PRIORITIES = SHARDING_PRIORITIES.DEFAULT) -> None:
+    method = getattr(datapipe, "apply_sharding", None)
+    if not inspect.ismethod(method):
+        return
+    if len(inspect.signature(method).parameters) < 3:
+        method(count, instance)
+    else:
+        method(count, instance, sharding_group=group)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """How a graph is cut into logical shards (see the module docstring)."""
+
+    routers: tuple[str, ...]
+    replicated: tuple[str, ...]
+    upstream: frozenset[str]
+
+    @property
+    def sharded(self) -> bool:
+        return bool(self.routers or self.replicated)
+
+    def router_inputs(self, graph: Graph) -> list[str]:
+        return [graph[r].inputs[0] for r in self.routers]
+
+    def downstream(self, graph: Graph) -> set[str]:
+        return {n.path for n in graph.nodes if n.path not in self.upstream}
+
+    def configure_shard(self, graph: Graph, count: int, shard: int) -> None:
+        """Make a shard's copy of the graph read shard ``shard`` of ``count``."""
+        for path in self.replicated:
+            _apply(graph[path].datapipe, count, shard)
+
+    def describe(self) -> dict[str, Any]:
+        return {"routers": list(self.routers), "replicated": list(self.replicated),
+                "upstream_nodes": len(self.upstream)}
+
+
+def analyze(graph: Graph) -> Topology:
+    """Find the sharding points of ``graph``; refuse cuts that would duplicate or lose data."""
+    routers = [n.path for n in graph.nodes if isinstance(n.datapipe, ShardingFilterIterDataPipe)]
+    replicated = [n.path for n in graph.nodes
+                  if is_sharding_point(n.datapipe) and n.path not in routers]
+    problems = []
+    upstream: set[str] = set()
+    for router in routers:
+        if len(graph[router].inputs) != 1:
+            problems.append(f"{router}: a sharding_filter must have exactly one input")
+            continue
+        upstream.update(graph.ancestors(graph[router].inputs[0]))
+    for router in routers:
+        if router in upstream:
+            problems.append(
+                f"{router}: sharding_filter above another sharding_filter; keep a single one "
+                "(logical shards already cover workers and ranks)")
+    for path in replicated:
+        if path in upstream:
+            problems.append(f"{path}: {graph[path].signature} shards its own data but sits above a "
+                            "sharding_filter; remove one of the two")
+    for path in sorted(upstream):
+        outside = [c for c in graph[path].consumers if c not in upstream and c not in routers]
+        if outside:
+            problems.append(
+                f"{path}: {graph[path].signature} feeds both a sharding_filter and "
+                f"{', '.join(outside)} below it, so every logical shard would read it in full")
+    if problems:
+        raise ShardingError("this graph cannot be cut into logical shards:\n  " + "\n  ".join(problems))
+    return Topology(tuple(routers), tuple(replicated), frozenset(upstream))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import io
 import multiprocessing
+import pickle
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -151,16 +152,38 @@ def _continue(factory: Callable[[], Any], service: Callable[[], Any] | None, dat
         return [list(loader) for _ in range(epochs_left)], None
 
 
-def _continue_in_child(args: tuple[Any, ...]) -> Continuation:
-    return _continue(*args)
+def _continue_in_child(conn: Any, args: tuple[Any, ...]) -> None:
+    try:
+        result: Any = ("ok", _continue(*args))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        result = ("error", f"{type(exc).__name__}: {exc}")
+    # plain pickle: torch's multiprocessing pickler would share tensors through this process
+    conn.send_bytes(pickle.dumps(result))
+    conn.close()
 
 
-def _run_continuation(fresh_process: bool, args: tuple[Any, ...]) -> Continuation:
+def _run_continuation(fresh_process: bool, args: tuple[Any, ...], timeout: float = 300) -> Continuation:
     if not fresh_process:
         return _continue(*args)
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(1) as pool:
-        return pool.apply_async(_continue_in_child, (args,)).get(timeout=300)
+    receiver, sender = ctx.Pipe(duplex=False)
+    # not daemonic: the restored loader may start worker processes of its own
+    child = ctx.Process(target=_continue_in_child, args=(sender, args), name="snapshot-testing-restore")
+    child.start()
+    sender.close()
+    try:
+        if not receiver.poll(timeout):
+            raise AssertionError(f"the restore in a fresh process did not finish within {timeout:g} s")
+        status, value = pickle.loads(receiver.recv_bytes())
+    finally:
+        child.join(30)
+        if child.is_alive():
+            child.kill()
+            child.join()
+        receiver.close()
+    if status != "ok":
+        raise AssertionError(f"the restore in a fresh process failed: {value}")
+    return value
 
 
 def assert_resumes_exactly(

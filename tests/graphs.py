@@ -157,8 +157,13 @@ def with_generator_pipe(n: int = 40) -> Any:
 def build(spec: Sequence[tuple[Any, ...]], n: int = 30) -> Any:
     """A graph from a list of operations (see tests/test_resume_random.py)."""
     dp: Any = IterableWrapper(range(n))
+    sharded = False
     for op in spec:
         kind = op[0]
+        if kind == "shard":
+            if sharded:  # a second sharding_filter in a row is refused (as torchdata does)
+                continue
+            sharded = True
         if kind == "shuffle":
             dp = Shuffler(dp, buffer_size=op[1])
         elif kind == "map":
@@ -280,3 +285,80 @@ def offset(x: int) -> int:
 
 def offset_graph(n: int = 40) -> Any:
     return Batcher(Mapper(Shuffler(IterableWrapper(range(n)), buffer_size=5), offset), batch_size=2)
+
+
+# -- sharded graphs (logical shards, workers) -------------------------------------------------
+
+def sharded_hookless(n: int = 45) -> Any:
+    """A hookless pipe right below the sharding point: its replay reaches the router."""
+    dp = ShardingFilter(Shuffler(IterableWrapper(range(n)), buffer_size=6))
+    return Batcher(Squares(dp), batch_size=2)
+
+
+class RangeShards(IterDataPipe):
+    """A source that reads only its own share once ``apply_sharding`` told it which."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.count, self.index = 1, 0
+
+    def apply_sharding(self, count: int, index: int) -> None:
+        self.count, self.index = count, index
+
+    def __iter__(self):
+        yield from range(self.index, self.n, self.count)
+
+
+def replicated_source(n: int = 40) -> Any:
+    return Batcher(Shuffler(Mapper(RangeShards(n), double), buffer_size=4), batch_size=3)
+
+
+def _jitter(x: int) -> float:
+    return x + random.random() + float(__import__("torch").rand(()).item())
+
+
+def global_rng_graph(n: int = 30) -> Any:
+    """Draws from the global random and torch generators below the sharding point."""
+    return Mapper(ShardingFilter(IterableWrapper(range(n))), _jitter)
+
+
+def sharded_batches(n: int = 64) -> Any:
+    """shuffle -> sharding_filter -> map -> batch -> collate, the usual training graph."""
+    dp = ShardingFilter(Shuffler(IterableWrapper(range(n)), buffer_size=16))
+    return Collator(Batcher(Mapper(dp, double), batch_size=4))
+
+
+MAIN_PID = [0]
+
+
+def _fail_at(x: int) -> int:
+    if x == 7:
+        raise KeyError(f"bad sample {x}")
+    return x
+
+
+def failing_graph(n: int = 20) -> Any:
+    return Mapper(ShardingFilter(IterableWrapper(range(n))), _fail_at)
+
+
+def _kill_worker_at(x: int) -> int:
+    if x == 9 and os.getpid() != MAIN_PID[0]:
+        os.kill(os.getpid(), 9)
+    return x
+
+
+def killing_graph(n: int = 40) -> Any:
+    return Mapper(ShardingFilter(IterableWrapper(range(n))), _kill_worker_at)
+
+
+def _hang_at(x: int) -> int:
+    if x == 5 and os.getpid() != MAIN_PID[0]:
+        __import__("time").sleep(3600)
+    return x
+
+
+def hanging_graph(n: int = 40) -> Any:
+    return Mapper(ShardingFilter(IterableWrapper(range(n))), _hang_at)
+
+
+MAIN_PID[0] = os.getpid()

@@ -1,6 +1,9 @@
 """Reading services: where a DataLoader2's graph runs, and how its position is saved."""
 
+from snapshot.reading_service._engine import GlobalRNG
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceState
 from snapshot.reading_service.in_process import InProcessReadingService
+from snapshot.reading_service.multiprocessing import MultiProcessingReadingService
 
-__all__ = ["InProcessReadingService", "ReadingServiceInterface", "ServiceState"]
+__all__ = ["GlobalRNG", "InProcessReadingService", "MultiProcessingReadingService", "ReadingServiceInterface",
+           "ServiceState"]

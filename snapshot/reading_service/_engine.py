@@ -1,0 +1,469 @@
+"""Running logical shards: the engine every reading service shares.
+
+A :class:`ShardEngine` runs the logical shards one process owns: one copy of the part of
+the graph above the sharding point (with a :class:`Router` per ``sharding_filter`` dealing
+its samples to shards by index) and one copy of the part below it per owned shard. It knows
+nothing of processes: the in-process service runs one engine for all shards, each worker
+runs one for its own.
+
+:class:`RoundRobin` merges the shards into the loader's stream in a fixed order (0, 1, ...,
+L-1, 0, ..., skipping exhausted shards), so the stream depends on the seed and L only.
+
+:func:`recombine` turns the engine states saved from one layout (W workers) into the
+state an engine owning another set of shards needs: the router queues of the old owners are
+merged onto the most-behind copy of the part above the sharding point.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from snapshot.errors import LayoutError
+from snapshot.execution import Run, capture_persistent, restore_persistent
+from snapshot.graph import Graph
+from snapshot.randomness import EpochSeeds
+from snapshot.restore import RestoreStrategy, make_plan
+from snapshot.sharding import Topology, WorkerInfo
+
+try:
+    import numpy
+except ImportError:  # pragma: no cover - numpy is optional
+    numpy = None  # type: ignore[assignment]
+
+__all__ = ["GlobalRNG", "RoundRobin", "Router", "ShardEngine", "owners", "recombine", "service_state"]
+
+
+class GlobalRNG(str, enum.Enum):
+    """What code in the graph gets when it draws from ``random``, ``numpy`` or ``torch``.
+
+    ``ISOLATE``: each logical shard has its own generator states, seeded from the loader seed
+    and saved in snapshots, so such code is reproducible and restorable. ``SHARED``: graph
+    code uses the process's generators (in-process: your training loop's), untouched.
+    """
+
+    ISOLATE = "isolate"
+    SHARED = "shared"
+
+
+class Router:
+    """Deals the samples reaching a ``sharding_filter`` to logical shards: sample i to i % L.
+
+    Only owned shards' samples are kept (queued by value until their shard reads them). A
+    filter that was already configured by hand (``apply_sharding(n, k)`` before the loader
+    saw it) keeps only its share first; the logical shards split that share.
+    """
+
+    def __init__(self, source: Iterator[Any], count: int, shards: Sequence[int],
+                 state: Mapping[str, Any] | None = None, *, outer: tuple[int, int] = (1, 0)):
+        self.source = source
+        self.count = count
+        self.outer = outer
+        self.position = 0  # samples read from the source
+        self.kept = 0  # samples of this filter's share so far (the index shards are dealt by)
+        self.ended = False
+        self.next_index = {s: s for s in shards}
+        self.queues: dict[int, deque[tuple[int, Any]]] = {s: deque() for s in shards}
+        if state is not None:
+            self.position, self.kept, self.ended = int(state["position"]), int(state["kept"]), bool(state["ended"])
+            self.next_index = {int(s): int(i) for s, i in state["next"].items()}
+            self.queues = {int(s): deque((int(i), x) for i, x in q) for s, q in state["queues"].items()}
+
+    def next_for(self, shard: int) -> Any:
+        queue = self.queues[shard]
+        outer_count, outer_id = self.outer
+        while not queue:
+            if self.ended:
+                raise StopIteration
+            try:
+                item = next(self.source)
+            except StopIteration:
+                self.ended = True
+                raise
+            position = self.position
+            self.position = position + 1
+            if outer_count > 1 and position % outer_count != outer_id:
+                continue
+            index = self.kept
+            self.kept = index + 1
+            target = index % self.count
+            wanted = self.queues.get(target)
+            if wanted is not None and index >= self.next_index[target]:
+                wanted.append((index, item))
+        index, item = queue.popleft()
+        self.next_index[shard] = index + self.count
+        return item
+
+    def state(self) -> dict[str, Any]:
+        return {"position": self.position, "kept": self.kept, "ended": self.ended,
+                "next": {s: i for s, i in self.next_index.items()},
+                "queues": {s: [[i, x] for i, x in q] for s, q in self.queues.items()}}
+
+
+class RouterPort(Iterator[Any]):
+    """A shard's view of a router: the cell of the ``sharding_filter`` in the shard's copy."""
+
+    __slots__ = ("router", "shard", "yielded", "exhausted", "path", "datapipe")
+
+    def __init__(self, router: Router, shard: int, datapipe: Any):
+        self.router = router
+        self.shard = shard
+        self.datapipe = datapipe
+        self.yielded = 0
+        self.exhausted = False
+        self.path: str | None = None
+
+    def __iter__(self) -> RouterPort:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            item = self.router.next_for(self.shard)
+        except StopIteration:
+            self.exhausted = True
+            raise
+        self.yielded += 1
+        return item
+
+
+def _rng_state() -> dict[str, Any]:
+    version, internal, gauss = random.getstate()
+    state: dict[str, Any] = {"random": [version, list(internal), gauss],
+                             "torch": torch.get_rng_state().numpy().tobytes()}
+    if numpy is not None:
+        kind, keys, pos, has_gauss, cached = numpy.random.get_state()
+        state["numpy"] = [kind, list(map(int, keys)), pos, has_gauss, cached]
+    return state
+
+
+def _set_rng_state(state: Mapping[str, Any]) -> None:
+    version, internal, gauss = state["random"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(torch.frombuffer(bytearray(state["torch"]), dtype=torch.uint8))
+    if numpy is not None and "numpy" in state:
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        numpy.random.set_state((kind, numpy.array(keys, dtype=numpy.uint32), pos, has_gauss, cached))
+
+
+def _seeded_rng_state(seed: int) -> dict[str, Any]:
+    saved = _rng_state()
+    random.seed(seed)
+    torch.manual_seed(seed)
+    if numpy is not None:
+        numpy.random.seed(seed % 2**32)
+    state = _rng_state()
+    _set_rng_state(saved)
+    return state
+
+
+class _ShardRNG:
+    """Global generator states per logical shard, swapped in while a shard runs."""
+
+    def __init__(self, policy: GlobalRNG, protect_caller: bool):
+        self.enabled = policy is GlobalRNG.ISOLATE
+        self.protect_caller = protect_caller
+        self.states: dict[int, dict[str, Any]] = {}
+        self.active: int | None = None
+        self._caller: dict[str, Any] | None = None
+
+    def reset(self, states: Mapping[int, dict[str, Any]]) -> None:
+        self.leave()
+        if self.active is not None:  # a worker that never leaves: drop the old epoch's shard
+            self.active = None
+        self.states = dict(states)
+
+    def enter(self, shard: int) -> None:
+        if not self.enabled or self.active == shard:
+            return
+        if self.active is not None:
+            self.states[self.active] = _rng_state()
+        elif self.protect_caller:
+            self._caller = _rng_state()
+        _set_rng_state(self.states[shard])
+        self.active = shard
+
+    def leave(self) -> None:
+        if not self.enabled or not self.protect_caller or self.active is None:
+            return
+        self.states[self.active] = _rng_state()
+        if self._caller is not None:
+            _set_rng_state(self._caller)
+        self.active, self._caller = None, None
+
+    def state(self, shard: int) -> dict[str, Any] | None:
+        if not self.enabled:
+            return None
+        return _rng_state() if self.active == shard else self.states.get(shard)
+
+
+class ShardEngine:
+    """Runs the logical ``shards`` this process owns, out of ``count`` in all.
+
+    ``graph`` is the live graph (used for the part above the sharding point and for the
+    first owned shard); ``make_copy`` builds a fresh copy of the graph for each further shard.
+    """
+
+    def __init__(self, graph: Graph, make_copy: Callable[[], Any], topology: Topology, count: int,
+                 shards: Sequence[int], *, worker: WorkerInfo, init_fn: Callable[..., Any] | None = None,
+                 global_rng: GlobalRNG = GlobalRNG.SHARED, protect_caller_rng: bool = True):
+        self.topology = topology
+        self.count = count
+        self.shards = list(shards)
+        self.graph = graph
+        self.worker = worker
+        self._shard_graphs: dict[int, Graph] = {}
+        for i, shard in enumerate(self.shards):
+            datapipe = graph.sink if i == 0 else make_copy()
+            if init_fn is not None:
+                datapipe = init_fn(datapipe, worker) or datapipe
+            shard_graph = graph if datapipe is graph.sink else Graph(datapipe)
+            topology.configure_shard(shard_graph, count, shard)
+            self._shard_graphs[shard] = shard_graph
+        self._downstream = topology.downstream(graph)
+        self._rng = _ShardRNG(GlobalRNG(global_rng), protect_caller_rng)
+        self._upstream: Run | None = None
+        self._routers: dict[str, Router] = {}
+        self._runs: dict[int, Run | None] = {}
+        self._seeds: EpochSeeds | None = None
+
+    # -- epochs ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        for run in [self._upstream, *self._runs.values()]:
+            if run is not None:
+                run.close()
+        self._upstream, self._runs, self._routers = None, {}, {}
+
+    def start(self, seeds: EpochSeeds, restore: Mapping[str, Any] | None = None,
+              strategy: RestoreStrategy = RestoreStrategy.AUTO) -> None:
+        """Start the epoch with ``seeds``, or put it back where ``restore`` (see recombine) says.
+
+        A shard whose restore plan replays up to its sharding point (fast-forward, or a
+        hookless pipe right below it) must receive its samples again from the start of the
+        epoch: then the part above the sharding point restarts too, and the router skips, for
+        the other shards, the samples they had already read.
+        """
+        self.close()
+        self._seeds = seeds
+        graph, topology = self.graph, self.topology
+        ports = frozenset(topology.routers)
+        shard_states = restore["shards"] if restore else {}
+        plans = {}
+        for shard in self.shards:
+            saved = shard_states.get(shard)
+            if saved is not None and not saved.get("exhausted"):
+                counts = {p: r["yielded"] for p, r in saved["nodes"].items()}
+                plans[shard] = make_plan(self._shard_graphs[shard], counts, strategy, ports=ports)
+        replayed = {s for s, plan in plans.items() if plan.reaches_ports}
+        upstream_state = restore.get("upstream") if restore else None
+        if upstream_state is not None:
+            restore_persistent(graph, upstream_state.get("persistent", {}))
+        if topology.routers:
+            sinks = topology.router_inputs(graph)
+            records = plan = None
+            routers_state: dict[str, Any] = {}
+            if upstream_state is not None and not replayed:
+                records = upstream_state["nodes"]
+                counts = {p: r["yielded"] for p, r in records.items()}
+                plan = make_plan(graph, counts, strategy, sinks=sinks)
+                routers_state = upstream_state["routers"]
+            elif upstream_state is not None:  # restart the routers, skipping what was read
+                routers_state = {r: {"position": 0, "kept": 0, "ended": False, "queues": {s: [] for s in self.shards},
+                                     "next": {s: (s if s in replayed else state["next"][s]) for s in self.shards}}
+                                 for r, state in upstream_state["routers"].items()}
+            shared = {p: s for p, s in seeds.shared.items() if p in topology.upstream}
+            self._upstream = Run(graph, shared, sink=sinks[0], sinks=tuple(sinks[1:]), records=records, plan=plan)
+            self._routers = {
+                r: Router(self._upstream.cell(graph[r].inputs[0]), self.count, self.shards, routers_state.get(r),
+                          outer=(graph[r].datapipe.num_of_instances, graph[r].datapipe.instance_id))
+                for r in topology.routers}
+        rng_states = {}
+        for shard in self.shards:
+            saved = shard_states.get(shard)
+            if self._rng.enabled:
+                rng_states[shard] = (saved or {}).get("rng") or _seeded_rng_state(seeds.rng[shard])
+            self._runs[shard] = self._shard_run(shard, seeds, saved, plans.get(shard), shard in replayed)
+        self._rng.reset(rng_states)
+
+    def _shard_run(self, shard: int, seeds: EpochSeeds, saved: Mapping[str, Any] | None, plan: Any,
+                   replays_port: bool) -> Run | None:
+        graph = self._shard_graphs[shard]
+        if saved is not None:
+            restore_persistent(graph, saved.get("persistent", {}))
+            if saved.get("exhausted"):
+                return None
+        ports = {r: RouterPort(self._routers[r], shard, graph[r].datapipe) for r in self.topology.routers}
+        records = None
+        if saved is not None:
+            records = saved["nodes"]
+            if not replays_port:
+                for path, port in ports.items():
+                    port.yielded = int(records.get(path, {}).get("yielded") or 0)
+        own = {p: s for p, s in seeds.for_shard(shard).items() if p in self._downstream}
+        return Run(graph, own, ports=ports, records=records, plan=plan)
+
+    # -- iterating ------------------------------------------------------------------------
+
+    def next(self, shard: int) -> Any:
+        """The next sample of ``shard``; ``StopIteration`` when the shard is exhausted."""
+        run = self._runs.get(shard)
+        if run is None:
+            raise StopIteration
+        self._rng.enter(shard)
+        try:
+            return next(run)
+        finally:
+            self._rng.leave()
+
+    def produced(self, shard: int) -> int:
+        run = self._runs.get(shard)
+        return run.yielded if run is not None else -1
+
+    # -- capturing ------------------------------------------------------------------------
+
+    def capture(self) -> dict[str, Any]:
+        """This engine's state: the part above the sharding point and each owned shard."""
+        upstream = None
+        if self._upstream is not None:
+            upstream = {"shards": list(self.shards), "nodes": self._upstream.capture(),
+                        "routers": {r: router.state() for r, router in self._routers.items()},
+                        "persistent": {p: s for p, s in capture_persistent(self.graph).items()
+                                       if p in self.topology.upstream}}
+        shards: dict[int, dict[str, Any]] = {}
+        for shard in self.shards:
+            run = self._runs.get(shard)
+            graph = self._shard_graphs[shard]
+            persistent = {p: s for p, s in capture_persistent(graph).items() if p in self._downstream}
+            if run is None:
+                shards[shard] = {"produced": None, "exhausted": True, "nodes": {}, "plan": {},
+                                 "rng": self._rng.state(shard), "persistent": persistent}
+                continue
+            records = run.capture()
+            counts = {p: r["yielded"] for p, r in records.items()}
+            plan = make_plan(graph, counts, RestoreStrategy.AUTO, ports=frozenset(self.topology.routers))
+            shards[shard] = {"produced": run.yielded, "exhausted": run.exhausted, "nodes": records,
+                             "plan": plan.describe(), "rng": self._rng.state(shard), "persistent": persistent}
+        return {"upstream": upstream, "shards": shards}
+
+
+def recombine(saved_upstream: Sequence[Mapping[str, Any]], saved_shards: Sequence[Mapping[str, Any]],
+              shards: Sequence[int], routers: Sequence[str]) -> dict[str, Any]:
+    """The restore state for an engine that owns ``shards``, from states saved in any layout.
+
+    The part above the sharding point is taken from the saved copy that had read the least
+    (every other copy's routers have queued, by value, what the shards still need from the
+    samples it had read); each router's queues come from each shard's former owner.
+    """
+    upstream = None
+    if routers:
+        if not saved_upstream:
+            raise LayoutError("the snapshot holds no state for the part above the sharding point")
+        first = routers[0]
+        base = min(saved_upstream, key=lambda u: int(u["routers"][first]["position"]))
+        owners: dict[int, Mapping[str, Any]] = {}
+        for candidate in saved_upstream:
+            for shard in candidate["shards"]:
+                owners[int(shard)] = candidate
+        merged = {}
+        for router in routers:
+            position = int(base["routers"][router]["position"])
+            behind = [u for u in saved_upstream if int(u["routers"][router]["position"]) < position]
+            if behind:
+                raise LayoutError(
+                    f"the sharding points of this graph were read unevenly ({router}); restore onto the "
+                    "same number of workers and ranks as when the snapshot was taken")
+            queues, nexts = {}, {}
+            for shard in shards:
+                owner = owners.get(int(shard))
+                if owner is None:
+                    raise LayoutError(f"the snapshot has no owner for logical shard {shard}")
+                state = owner["routers"][router]
+                nexts[shard] = int(state["next"][shard])
+                queues[shard] = [[i, x] for i, x in state["queues"][shard]]
+            kept = int(base["routers"][router]["kept"])
+            merged[router] = {"position": position, "kept": kept, "ended": bool(base["routers"][router]["ended"]),
+                              "next": nexts,
+                              "queues": {s: [e for e in q if int(e[0]) < kept] for s, q in queues.items()}}
+        upstream = {"nodes": base["nodes"], "routers": merged, "persistent": base.get("persistent", {})}
+    return {"upstream": upstream, "shards": {s: saved_shards[s] for s in shards}}
+
+
+class RoundRobin(Iterator[Any]):
+    """Merges logical shards into one stream: 0, 1, ..., L-1, 0, ... skipping exhausted ones.
+
+    ``fetch(shard)`` produces a shard's next sample (raising ``StopIteration`` at its end);
+    samples already produced but not yet yielded (``in_flight``) are served first.
+    """
+
+    def __init__(self, count: int, fetch: Callable[[int], Any]):
+        self.count = count
+        self.fetch = fetch
+        self.next_shard = 0
+        self.exhausted: set[int] = set()
+        self.consumed = [0] * count
+        self.in_flight: list[deque[Any]] = [deque() for _ in range(count)]
+
+    def __iter__(self) -> RoundRobin:
+        return self
+
+    def __next__(self) -> Any:
+        while len(self.exhausted) < self.count:
+            shard = self.next_shard
+            self.next_shard = (shard + 1) % self.count
+            if shard in self.exhausted:
+                continue
+            waiting = self.in_flight[shard]
+            if waiting:
+                item = waiting.popleft()
+            else:
+                try:
+                    item = self.fetch(shard)
+                except StopIteration:
+                    self.exhausted.add(shard)
+                    continue
+            self.consumed[shard] += 1
+            return item
+        raise StopIteration
+
+    @property
+    def finished(self) -> bool:
+        return len(self.exhausted) == self.count
+
+    def state(self) -> dict[str, Any]:
+        return {"next": self.next_shard, "exhausted": sorted(self.exhausted), "consumed": list(self.consumed)}
+
+    def load(self, state: Mapping[str, Any], in_flight: Sequence[Sequence[Any]]) -> None:
+        self.next_shard = int(state["next"])
+        self.exhausted = {int(s) for s in state["exhausted"]}
+        self.consumed = [int(c) for c in state["consumed"]]
+        self.in_flight = [deque(items) for items in in_flight]
+
+
+def owners(count: int, workers: int) -> list[int]:
+    """Which worker owns each logical shard (shard s -> worker s % workers)."""
+    return [shard % max(workers, 1) for shard in range(count)]
+
+
+def service_state(name: str, layout: Mapping[str, Any], seeds: EpochSeeds, merge: RoundRobin,
+                  engines: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The checkpoint every sharded service returns (see ``ServiceState``)."""
+    shards: list[dict[str, Any]] = [{} for _ in range(merge.count)]
+    upstream = []
+    for engine in engines:
+        if engine["upstream"] is not None:
+            upstream.append(engine["upstream"])
+        for shard, record in engine["shards"].items():
+            shards[int(shard)] = dict(record)
+    for shard, record in enumerate(shards):
+        record["shard"] = shard
+        record["yielded"] = merge.consumed[shard]
+        record["in_flight"] = list(merge.in_flight[shard])
+        record["finished"] = shard in merge.exhausted
+    return {"service": name, "layout": dict(layout), "seeds": seeds.state(), "merge": merge.state(),
+            "upstream": upstream, "shards": shards}
+

@@ -1,0 +1,129 @@
+"""The worker process: runs a :class:`ShardEngine` for the logical shards it owns.
+
+Protocol (main -> worker, over ``requests``; every reply on ``results``):
+
+=========================================  ===============================================
+``("start", tag, seeds)``                  start an epoch; reply ``("ready", tag)``
+``("restore", tag, seeds, state, how)``    restore an epoch; reply ``("ready", tag)`` or
+                                           ``("failed", tag, error)``
+``("next", tag, shard)``                   reply ``("item", tag, shard, sample)``,
+                                           ``("end", tag, shard)`` or
+                                           ``("error", tag, shard, error)``
+``("capture", tag)``                       reply ``("state", tag, engine state)``
+``("stop",)``                              exit
+=========================================  ===============================================
+
+Replies are pickled here (a sample that cannot be pickled becomes an ``error``), and sent
+in request order, so a ``state`` reply follows every sample produced before it. A worker
+whose parent dies exits within a second.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+from snapshot import _serialization
+
+
+def describe_error(exc: BaseException) -> dict[str, Any]:
+    """An exception as data: its type, message, traceback, node path, and itself if picklable."""
+    pickled: bytes | None
+    try:
+        pickled = pickle.dumps(exc)
+        pickle.loads(pickled)
+    except Exception:  # noqa: BLE001 - an unpicklable exception travels as text
+        pickled = None
+    return {
+        "type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc)),
+        "node": getattr(exc, "_snapshot_node", None),
+        "pickled": pickled,
+    }
+
+
+def _send(results: Connection, message: tuple[Any, ...]) -> None:
+    results.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def run_worker(requests: Connection, results: Connection, setup: bytes, parent: int) -> None:
+    """Entry point of a worker process."""
+    import torch
+
+    torch.set_num_threads(1)
+    from snapshot.graph import Graph
+    from snapshot.randomness import EpochSeeds
+    from snapshot.reading_service._engine import ShardEngine
+    from snapshot.restore import RestoreStrategy
+    from snapshot.sharding import analyze
+
+    config = _serialization.loads(setup, what="worker set-up")
+    template = config["graph"]
+    graph = Graph(_serialization.loads_graph(template))
+    try:
+        engine = ShardEngine(graph, lambda: _serialization.loads_graph(template), analyze(graph), config["count"],
+                             config["shards"], worker=config["worker"], init_fn=config["init_fn"],
+                             global_rng=config["global_rng"], protect_caller_rng=False)
+    except BaseException as exc:  # noqa: BLE001 - reported to the main process, which raises it
+        _send(results, ("fatal", describe_error(exc)))
+        return
+    epoch = None
+    while True:
+        if not requests.poll(1.0):
+            if os.getppid() != parent:  # the main process is gone
+                return
+            continue
+        try:
+            message = pickle.loads(requests.recv_bytes())
+        except EOFError:
+            return
+        kind = message[0]
+        if kind == "next":
+            _, tag, shard = message
+            if tag != epoch:
+                continue
+            try:
+                item = engine.next(shard)
+            except StopIteration:
+                _send(results, ("end", tag, shard))
+                continue
+            except BaseException as exc:  # noqa: BLE001 - sent to the main process
+                _send(results, ("error", tag, shard, describe_error(exc)))
+                continue
+            try:
+                data = pickle.dumps(("item", tag, shard, item), protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:  # noqa: BLE001
+                error = TypeError(f"a sample of logical shard {shard} cannot be pickled to send it to the main "
+                                  f"process: {type(exc).__name__}: {exc}")
+                _send(results, ("error", tag, shard, describe_error(error)))
+                continue
+            results.send_bytes(data)
+        elif kind in ("start", "restore"):
+            tag = message[1]
+            try:
+                seeds = EpochSeeds.from_state(message[2])
+                if kind == "start":
+                    engine.start(seeds)
+                else:
+                    state = _serialization.loads(message[3], what="restore state")
+                    engine.start(seeds, state, RestoreStrategy.parse(message[4]))
+            except BaseException as exc:  # noqa: BLE001 - a failed restore is the main process's error
+                epoch = None
+                _send(results, ("failed", tag, describe_error(exc)))
+                continue
+            epoch = tag
+            _send(results, ("ready", tag))
+        elif kind == "capture":
+            try:
+                state = _serialization.dumps(engine.capture(), what="worker state")
+            except BaseException as exc:  # noqa: BLE001
+                _send(results, ("failed", message[1], describe_error(exc)))
+                continue
+            _send(results, ("state", message[1], state))
+        elif kind == "stop":
+            engine.close()
+            return

@@ -1,0 +1,452 @@
+"""Run the graph in worker processes, one stream for any number of workers.
+
+The graph is cut into L logical shards at its sharding point (see :mod:`snapshot.sharding`);
+worker w owns shards w, w + W, w + 2W, ... and runs one copy of the part above the sharding
+point plus one copy of the part below it per owned shard. The main process takes samples from
+the shards in a fixed round-robin order, so for a fixed seed and L the stream is the same
+in-process and with any number of workers up to L.
+
+A snapshot is exact while workers run ahead: each worker reports its state between two
+samples (it is paused only for that), and the samples it had produced that the loader has
+not yielded yet are stored by value in the snapshot and yielded first after a restore. A
+snapshot taken with W workers restores onto any W' <= L workers, or in-process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import time
+import warnings
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from snapshot import _serialization
+from snapshot.errors import LayoutError, WorkerError
+from snapshot.graph import Graph
+from snapshot.randomness import EpochSeeds, SeedGenerator, epoch_seeds
+from snapshot.reading_service._engine import GlobalRNG, RoundRobin, owners, recombine, service_state
+from snapshot.reading_service._worker import run_worker
+from snapshot.reading_service.base import ReadingServiceInterface, ServiceState
+from snapshot.reading_service.in_process import InProcessReadingService, resolve_logical_shards
+from snapshot.reading_service.in_process import _Output as _LocalOutput
+from snapshot.restore import RestoreStrategy
+from snapshot.sharding import Topology, WorkerInfo, analyze
+
+__all__ = ["MultiProcessingReadingService"]
+
+_ITEM, _END, _ERROR = 0, 1, 2
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class _Worker:
+    def __init__(self, index: int, process: Any, requests: Connection, results: Connection, shards: list[int]):
+        self.index = index
+        self.process = process
+        self.requests = requests
+        self.results = results
+        self.shards = shards
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        try:  # plain pickle: torch's multiprocessing pickler would share tensors by file descriptor
+            self.requests.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+        except (BrokenPipeError, OSError):
+            pass  # a dead worker is reported by the next receive
+
+
+class WorkerPool:
+    """The worker processes of one loader, and the messages to and from them."""
+
+    def __init__(self, *, context: Any, template: bytes, count: int, num_workers: int, init_fn: Any,
+                 global_rng: GlobalRNG, timeout: float, prefetch: int):
+        self.count = count
+        self.timeout = timeout
+        self.prefetch = max(1, prefetch)
+        self.owner = owners(count, num_workers)
+        self.workers: list[_Worker] = []
+        self._tag = 0
+        self._reset_buffers()
+        parent = os.getpid()
+        try:
+            for index in range(num_workers):
+                shards = [s for s in range(count) if self.owner[s] == index]
+                setup = _serialization.dumps({"graph": template, "count": count, "shards": shards,
+                                              "worker": WorkerInfo(num_workers, index), "init_fn": init_fn,
+                                              "global_rng": GlobalRNG(global_rng)}, what="worker set-up")
+                requests_out, requests_in = context.Pipe(duplex=False)
+                results_out, results_in = context.Pipe(duplex=False)
+                process = context.Process(target=run_worker, args=(requests_out, results_in, setup, parent),
+                                          daemon=True, name=f"snapshot-worker-{index}")
+                process.start()
+                requests_out.close()
+                results_in.close()
+                self.workers.append(_Worker(index, process, requests_in, results_out, shards))
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _reset_buffers(self) -> None:
+        self._buffers: list[deque[tuple[int, Any]]] = [deque() for _ in range(self.count)]
+        self._requested = [0] * self.count
+        self._closed = [False] * self.count
+        self._control: dict[int, deque[tuple[Any, ...]]] = {}
+
+    # -- receiving --------------------------------------------------------------------------
+
+    def _receive(self, worker: _Worker, waiting_for: str) -> None:
+        """Take one message from ``worker`` (items go to their shard's buffer)."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise WorkerError(
+                    f"worker {worker.index} (pid {worker.process.pid}) sent nothing for {self.timeout:g} s "
+                    f"while the loader waited for {waiting_for}: it is stuck (a hung read, a deadlock in "
+                    "the graph's code?). The loader was stopped. Raise timeout= if one sample can take "
+                    "that long.")
+            ready = wait([worker.results, worker.process.sentinel], timeout=min(remaining, 1.0))
+            if worker.results in ready or worker.results.poll():
+                break
+            if worker.process.sentinel in ready:
+                worker.process.join(1)
+                raise WorkerError(
+                    f"worker {worker.index} (pid {worker.process.pid}) exited unexpectedly "
+                    f"({_exit_reason(worker.process.exitcode)}) while the loader waited for {waiting_for}. "
+                    "Its logical shards cannot continue, and the loader was stopped: restore from your "
+                    "last snapshot (onto fewer workers, if this one keeps dying).")
+        try:
+            message = pickle.loads(worker.results.recv_bytes())
+        except (EOFError, OSError) as exc:
+            raise WorkerError(f"worker {worker.index} (pid {worker.process.pid}) closed its connection "
+                              f"while the loader waited for {waiting_for}") from exc
+        kind = message[0]
+        if kind in ("item", "end", "error"):
+            tag, shard = message[1], message[2]
+            if tag != self._tag:
+                return  # from an abandoned epoch
+            self._requested[shard] -= 1
+            if kind == "item":
+                self._buffers[shard].append((_ITEM, message[3]))
+            else:
+                self._closed[shard] = True
+                self._buffers[shard].append((_END, None) if kind == "end" else (_ERROR, message[3]))
+        elif kind == "fatal":
+            raise self._error(message[1], worker, "while starting")
+        else:
+            self._control.setdefault(worker.index, deque()).append(message)
+
+    def _await(self, worker: _Worker, tag: int, what: str) -> tuple[Any, ...]:
+        while True:
+            waiting = self._control.get(worker.index)
+            while waiting:
+                message = waiting.popleft()
+                if message[1] == tag:
+                    if message[0] == "failed":
+                        raise self._error(message[2], worker, what)
+                    return message
+            self._receive(worker, what)
+
+    def _error(self, error: dict[str, Any], worker: _Worker, where: str) -> BaseException:
+        node = f", by the DataPipe at {error['node']}" if error.get("node") else ""
+        place = f"in worker {worker.index} (pid {worker.process.pid}) {where}{node}"
+        exc: BaseException | None = None
+        if error.get("pickled"):
+            try:
+                exc = pickle.loads(error["pickled"])
+            except Exception:  # noqa: BLE001 - fall back to a description
+                exc = None
+        if exc is None:
+            return WorkerError(f"{error['type']}: {error['message']} (raised {place}).\n"
+                               f"Worker traceback:\n{error['traceback']}")
+        if hasattr(exc, "add_note"):
+            exc.add_note(f"raised {place}; worker traceback:\n{error['traceback']}")
+        return exc
+
+    # -- epochs -----------------------------------------------------------------------------
+
+    def start(self, seeds: EpochSeeds, states: Sequence[Any] | None = None,
+              strategy: RestoreStrategy = RestoreStrategy.AUTO) -> None:
+        """Start an epoch in every worker (or restore it from per-worker ``states``)."""
+        self._tag += 1
+        self._reset_buffers()
+        for worker in self.workers:
+            if states is None:
+                worker.send(("start", self._tag, seeds.state()))
+            else:
+                payload = _serialization.dumps(states[worker.index], what="restore state")
+                worker.send(("restore", self._tag, seeds.state(), payload, strategy.value))
+        for worker in self.workers:
+            self._await(worker, self._tag, "restoring its shards" if states is not None else "starting the epoch")
+
+    def _top_up(self, shard: int) -> None:
+        worker = self.workers[self.owner[shard]]
+        while not self._closed[shard] and self._requested[shard] + len(self._buffers[shard]) < self.prefetch:
+            worker.send(("next", self._tag, shard))
+            self._requested[shard] += 1
+
+    def fetch(self, shard: int) -> Any:
+        """The next sample of ``shard`` (``StopIteration`` at its end)."""
+        buffer = self._buffers[shard]
+        self._top_up(shard)
+        worker = self.workers[self.owner[shard]]
+        while not buffer:
+            self._receive(worker, f"logical shard {shard}")
+        kind, payload = buffer.popleft()
+        if kind == _ITEM:
+            self._top_up(shard)
+            return payload
+        if kind == _END:
+            raise StopIteration
+        raise self._error(payload, worker, f"in logical shard {shard}")
+
+    def capture(self) -> tuple[list[dict[str, Any]], list[list[Any]]]:
+        """Every worker's engine state, and per shard the samples received but not yet taken.
+
+        Those samples are handed over (removed from the pool's buffers): the caller yields
+        them before asking for more.
+        """
+        tag = self._tag
+        for worker in self.workers:
+            worker.send(("capture", tag))
+        states = []
+        for worker in self.workers:
+            message = self._await(worker, tag, "taking a snapshot")
+            states.append(_serialization.loads(message[2], what="worker state"))
+        pending = []
+        for shard, buffer in enumerate(self._buffers):
+            for kind, payload in buffer:
+                if kind == _ERROR:
+                    raise self._error(payload, self.workers[self.owner[shard]], f"in logical shard {shard}")
+            pending.append([payload for kind, payload in buffer if kind == _ITEM])
+            self._buffers[shard] = deque(entry for entry in buffer if entry[0] != _ITEM)
+        return states, pending
+
+    def shutdown(self) -> None:
+        for worker in self.workers:
+            worker.send(("stop",))
+        deadline = time.monotonic() + 2
+        for worker in self.workers:
+            worker.process.join(max(0.0, deadline - time.monotonic()))
+        for worker in self.workers:
+            if worker.process.is_alive():
+                worker.process.terminate()
+                worker.process.join(2)
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join(2)
+            worker.requests.close()
+            worker.results.close()
+        self.workers = []
+
+
+class MultiProcessingReadingService(ReadingServiceInterface):
+    """Load with ``num_workers`` processes; exact snapshots; restore onto any worker count <= L.
+
+    Args:
+        num_workers: worker processes (0 runs in the main process, like
+            :class:`InProcessReadingService`).
+        logical_shards: L, how many logical shards the graph is cut into (default
+            ``num_workers``; a graph without a sharding point has 1). Fixed by the first run
+            and saved; a restore takes the saved value.
+        prefetch_factor: samples requested ahead per logical shard.
+        multiprocessing_context: ``"fork"`` (default on Linux), ``"spawn"`` or ``"forkserver"``.
+        worker_init_fn: ``fn(datapipe, worker_info)`` called in each worker on each of its
+            shards' copies of the graph; it may return a replacement but must keep the graph's
+            structure.
+        timeout: seconds to wait for a worker before raising :class:`~snapshot.WorkerError`.
+        global_rng: see :class:`GlobalRNG` (default: each logical shard has its own
+            ``random``/``numpy``/``torch`` generator states, saved in snapshots).
+        worker_prefetch_cnt, main_prefetch_cnt: torchdata 0.9's names; the first sets
+            ``prefetch_factor``, the second is not needed (samples queue in the pipes) and is
+            ignored with a warning.
+    """
+
+    def __init__(
+        self,
+        num_workers: int = 0,
+        *,
+        logical_shards: int | None = None,
+        prefetch_factor: int = 2,
+        multiprocessing_context: str | None = None,
+        worker_init_fn: Callable[[Any, WorkerInfo], Any] | None = None,
+        timeout: float = 300.0,
+        global_rng: GlobalRNG | str = GlobalRNG.ISOLATE,
+        worker_prefetch_cnt: int | None = None,
+        main_prefetch_cnt: int | None = None,
+    ) -> None:
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        if multiprocessing_context is not None and multiprocessing_context not in mp.get_all_start_methods():
+            raise ValueError(f"multiprocessing_context must be one of {mp.get_all_start_methods()}, "
+                             f"got {multiprocessing_context!r}")
+        if timeout <= 0:
+            raise ValueError("timeout must be > 0 seconds: every wait for a worker has a limit")
+        if main_prefetch_cnt is not None:
+            warnings.warn("main_prefetch_cnt is ignored: samples already queue between the workers and "
+                          "the main process", stacklevel=2)
+        self.num_workers = num_workers
+        self.logical_shards = logical_shards
+        self.prefetch_factor = worker_prefetch_cnt if worker_prefetch_cnt is not None else prefetch_factor
+        self.multiprocessing_context = multiprocessing_context
+        self.worker_init_fn = worker_init_fn
+        self.timeout = timeout
+        self.global_rng = GlobalRNG(global_rng)
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        self._local: InProcessReadingService | None = None
+        self._pool: WorkerPool | None = None
+        self._graph: Graph | None = None
+        self._topology: Topology | None = None
+        self._template = b""
+        self._count = 0
+        self._workers = 0
+        self._merge: RoundRobin | None = None
+        self._seeds: EpochSeeds | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_local=None, _pool=None, _graph=None, _topology=None, _template=b"", _count=0, _workers=0,
+                     _merge=None, _seeds=None)
+        return state
+
+    def _context(self) -> Any:
+        method = self.multiprocessing_context or ("fork" if "fork" in mp.get_all_start_methods() else None)
+        return mp.get_context(method)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def initialize(self, datapipe: Any) -> _Output:
+        topology = analyze(Graph(datapipe))
+        count = resolve_logical_shards(self.logical_shards, topology, max(self.num_workers, 1))
+        self._setup(datapipe, count)
+        return _Output(self)
+
+    def _setup(self, datapipe: Any, count: int) -> None:
+        self.finalize()
+        self._graph = Graph(datapipe)
+        self._topology = analyze(self._graph)
+        self._count = count
+        if self.num_workers == 0:
+            self._local = InProcessReadingService(logical_shards=count, global_rng=self.global_rng)
+            self._local.initialize(datapipe)
+            return
+        workers = self.num_workers
+        if not self._topology.sharded and workers > 1:
+            warnings.warn(
+                f"the graph has no sharding point, so it runs as one logical shard in one worker (not "
+                f"{workers}): each worker would otherwise read the whole dataset. Add .sharding_filter() "
+                "where samples may be split (after shuffling file names, say) to use every worker.",
+                stacklevel=3,
+            )
+            workers = 1
+        if workers > count:
+            raise LayoutError(
+                f"{workers} workers cannot share {count} logical shard(s): each shard runs in one worker. "
+                f"Use num_workers <= {count}, or (on a first run) logical_shards >= num_workers.")
+        self._workers = workers
+        self._template = _serialization.dumps_graph(datapipe)
+        self._pool = WorkerPool(context=self._context(), template=self._template, count=count, num_workers=workers,
+                                init_fn=self.worker_init_fn, global_rng=self.global_rng, timeout=self.timeout,
+                                prefetch=self.prefetch_factor)
+
+    def initialize_iteration(
+        self, seed_generator: SeedGenerator, iter_reset_fn: Callable[[Any], Any] | None = None
+    ) -> Callable[[Any], Any] | None:
+        if self._local is not None:
+            return self._local.initialize_iteration(seed_generator, iter_reset_fn)
+        pool, graph = self._require()
+        self._seeds = epoch_seeds(seed_generator, graph, self._count)
+        pool.start(self._seeds)
+        self._merge = RoundRobin(self._count, pool.fetch)
+        return None
+
+    def finalize(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+        if self._local is not None:
+            self._local.finalize()
+
+    # -- checkpoint / restore -----------------------------------------------------------------
+
+    def checkpoint(self) -> ServiceState:
+        if self._local is not None:
+            state = self._local.checkpoint()
+            if state:
+                state["service"] = type(self).__name__
+            return state
+        if self._pool is None or self._merge is None or self._seeds is None:
+            return {}
+        engines, pending = self._pool.capture()
+        for shard, items in enumerate(pending):
+            self._merge.in_flight[shard].extend(items)
+        layout = {"logical_shards": self._count, "workers": self._workers, "ranks": 1,
+                  "owners": owners(self._count, self._workers)}
+        return service_state(type(self).__name__, layout, self._seeds, self._merge, engines)
+
+    def validate(self, state: ServiceState) -> list[str]:
+        saved = int(state["layout"]["logical_shards"])
+        problems = []
+        if self.logical_shards is not None and self.logical_shards != saved:
+            problems.append(f"the snapshot has {saved} logical shards but this service asks for logical_shards="
+                            f"{self.logical_shards}; leave it unset to take the saved value")
+        if self.num_workers > saved:
+            problems.append(f"the snapshot has {saved} logical shard(s), which cannot keep {self.num_workers} "
+                            f"workers busy: each logical shard runs in one worker; use num_workers <= {saved}")
+        return problems
+
+    def restore(self, datapipe: Any, state: ServiceState, *, strategy: Any = RestoreStrategy.AUTO) -> _Output:
+        if not state:
+            if self._graph is None:
+                self.initialize(datapipe)
+            return _Output(self)
+        count = int(state["layout"]["logical_shards"])
+        if (self._pool is None and self._local is None) or count != self._count:
+            self._setup(self._graph.sink if self._graph is not None else datapipe, count)
+        if self._local is not None:
+            self._local.restore(datapipe, state, strategy=strategy)
+            return _Output(self)
+        pool, _ = self._require()
+        assert self._topology is not None
+        self._seeds = EpochSeeds.from_state(state["seeds"])
+        per_worker = [recombine(state["upstream"], state["shards"], worker.shards, self._topology.routers)
+                      for worker in pool.workers]
+        pool.start(self._seeds, per_worker, RestoreStrategy.parse(strategy))
+        self._merge = RoundRobin(count, pool.fetch)
+        self._merge.load(state["merge"], [shard["in_flight"] for shard in state["shards"]])
+        return _Output(self)
+
+    def _require(self) -> tuple[WorkerPool, Graph]:
+        if self._pool is None or self._graph is None:
+            raise RuntimeError("initialize() must be called before iterating")
+        return self._pool, self._graph
+
+    def _stream(self) -> Iterator[Any]:
+        if self._local is not None:
+            return iter(_LocalOutput(self._local))
+        return self._merge if self._merge is not None else iter(())
+
+
+class _Output:
+    def __init__(self, service: MultiProcessingReadingService):
+        self._service = service
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._service._stream()
+
+

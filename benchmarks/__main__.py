@@ -1,13 +1,13 @@
-"""``python -m benchmarks {restore,iterate,all} [--json PATH] [--repeat N]``."""
+"""``python -m benchmarks {restore,iterate,workers,all} [--json PATH] [--repeat N]``."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from benchmarks import iterate, restore
+from benchmarks import iterate, restore, workers
 
-SUITES = {"restore": restore.run, "iterate": iterate.run}
+SUITES = {"restore": restore.run, "iterate": iterate.run, "workers": workers.run}
 
 
 def main() -> None:

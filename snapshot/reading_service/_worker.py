@@ -27,6 +27,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from snapshot import _serialization
+from snapshot.reading_service import _transport as transport
 
 
 def describe_error(exc: BaseException) -> dict[str, Any]:
@@ -47,7 +48,7 @@ def describe_error(exc: BaseException) -> dict[str, Any]:
 
 
 def _send(results: Connection, message: tuple[Any, ...]) -> None:
-    results.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+    transport.send(results, message)
 
 
 def run_worker(requests: Connection, results: Connection, setup: bytes, parent: int) -> None:
@@ -95,13 +96,11 @@ def run_worker(requests: Connection, results: Connection, setup: bytes, parent: 
                 _send(results, ("error", tag, shard, describe_error(exc)))
                 continue
             try:
-                data = pickle.dumps(("item", tag, shard, item), protocol=pickle.HIGHEST_PROTOCOL)
-            except Exception as exc:  # noqa: BLE001
+                _send(results, ("item", tag, shard, item))
+            except (pickle.PicklingError, TypeError, AttributeError) as exc:
                 error = TypeError(f"a sample of logical shard {shard} cannot be pickled to send it to the main "
                                   f"process: {type(exc).__name__}: {exc}")
                 _send(results, ("error", tag, shard, describe_error(error)))
-                continue
-            results.send_bytes(data)
         elif kind in ("start", "restore"):
             tag = message[1]
             try:

@@ -29,6 +29,7 @@ from snapshot import _serialization
 from snapshot.errors import LayoutError, WorkerError
 from snapshot.graph import Graph
 from snapshot.randomness import EpochSeeds, SeedGenerator, epoch_seeds
+from snapshot.reading_service import _transport as transport
 from snapshot.reading_service._engine import GlobalRNG, RoundRobin, owners, recombine, service_state
 from snapshot.reading_service._worker import run_worker
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceState
@@ -51,6 +52,18 @@ def _exit_reason(code: int | None) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
+
+
+def _widen(connection: Connection) -> None:
+    """Let a whole batch fit in the pipe (Linux), so the worker writes it in one go."""
+    try:
+        import fcntl
+
+        with open("/proc/sys/fs/pipe-max-size") as f:
+            size = int(f.read())
+        fcntl.fcntl(connection.fileno(), 1031, min(size, 8 << 20))  # F_SETPIPE_SZ
+    except (ImportError, OSError, ValueError):
+        pass
 
 
 class _Worker:
@@ -89,6 +102,7 @@ class WorkerPool:
                                               "global_rng": GlobalRNG(global_rng)}, what="worker set-up")
                 requests_out, requests_in = context.Pipe(duplex=False)
                 results_out, results_in = context.Pipe(duplex=False)
+                _widen(results_in)
                 process = context.Process(target=run_worker, args=(requests_out, results_in, setup, parent),
                                           daemon=True, name=f"snapshot-worker-{index}")
                 process.start()
@@ -129,7 +143,7 @@ class WorkerPool:
                     "Its logical shards cannot continue, and the loader was stopped: restore from your "
                     "last snapshot (onto fewer workers, if this one keeps dying).")
         try:
-            message = pickle.loads(worker.results.recv_bytes())
+            message = transport.receive(worker.results)
         except (EOFError, OSError) as exc:
             raise WorkerError(f"worker {worker.index} (pid {worker.process.pid}) closed its connection "
                               f"while the loader waited for {waiting_for}") from exc

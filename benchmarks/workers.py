@@ -1,0 +1,159 @@
+"""Throughput with 2 workers, and snapshot/restore latency with workers running.
+
+Graph (issue 4): 16 KiB samples with some CPU work each, batched by 64 and collated::
+
+    IterableWrapper(range(N)).shuffle(buffer_size=1000).sharding_filter().map(make_sample)
+        .batch(64).collate()
+
+Measured side by side in one run, each loader reading whole epochs with 2 workers kept
+alive between epochs (``persistent_workers=True`` where the loader has the option):
+
+- torch ``DataLoader(graph, batch_size=None, num_workers=2)``;
+- torchdata 0.9 ``DataLoader2`` with its ``MultiProcessingReadingService(num_workers=2)``;
+- torchdata ``StatefulDataLoader(graph, batch_size=None, num_workers=2)``;
+- ours: ``snapshot.DataLoader2`` with ``MultiProcessingReadingService(2)``.
+
+Then, for ours: ``save_snapshot`` mid-epoch with the workers running, and a restore onto 2
+fresh workers up to the first batch (process start included).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+import warnings
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+from torch.utils.data.datapipes.iter import IterableWrapper
+
+import snapshot
+from benchmarks.common import ms, save_json, table
+
+SAMPLES = 16_384
+BATCH = 64
+SEED = 99
+
+
+def make_sample(i: int) -> torch.Tensor:
+    """16 KiB of float32 and a little CPU work (a seeded draw, a few element-wise ops)."""
+    g = torch.Generator().manual_seed(i)
+    x = torch.randn(4096, generator=g)
+    return torch.tanh(x * 0.5 + 0.1).cumsum(0) / 4096
+
+
+def build(samples: int = SAMPLES) -> Any:
+    return (IterableWrapper(range(samples)).shuffle(buffer_size=1000).sharding_filter()
+            .map(make_sample).batch(BATCH).collate())
+
+
+def epoch_time(loader: Any) -> float:
+    start = time.perf_counter()
+    count = sum(1 for _ in loader)
+    elapsed = time.perf_counter() - start
+    assert count == SAMPLES // BATCH, count
+    return elapsed
+
+
+def measure(make: Any, epochs: int) -> tuple[float, float]:
+    """(first epoch incl. worker start, median of the next epochs)."""
+    loader = make()
+    try:
+        first = epoch_time(loader)
+        rest = [epoch_time(loader) for _ in range(epochs)]
+    finally:
+        shutdown = getattr(loader, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+        else:
+            del loader
+    return first, statistics.median(rest)
+
+
+def torch_loader() -> Any:
+    torch.manual_seed(SEED)
+    return DataLoader(build(), batch_size=None, num_workers=2, persistent_workers=True, prefetch_factor=2)
+
+
+def torchdata_dl2() -> Any:
+    from torchdata.dataloader2 import DataLoader2, MultiProcessingReadingService
+
+    dl = DataLoader2(build(), reading_service=MultiProcessingReadingService(num_workers=2))
+    dl.seed(SEED)
+    return dl
+
+
+def stateful_loader() -> Any:
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    torch.manual_seed(SEED)
+    return StatefulDataLoader(build(), batch_size=None, num_workers=2, persistent_workers=True)
+
+
+def ours() -> Any:
+    service = snapshot.MultiProcessingReadingService(2)
+    dl: snapshot.DataLoader2[Any] = snapshot.DataLoader2(build(), reading_service=service)
+    dl.seed(SEED)
+    return dl
+
+
+def snapshot_latency(repeat: int) -> tuple[float, float, int, float]:
+    """Median save_snapshot mid-epoch, median restore to the first batch, file size, in-flight."""
+    saves, restores = [], []
+    size, in_flight = 0, 0.0
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "data.snap")
+        loader = ours()
+        try:
+            it = iter(loader)
+            for step in range(1, 121):
+                next(it)
+                if step % 20 == 0:
+                    time.sleep(0.05)  # let the workers fill their prefetch
+                    start = time.perf_counter()
+                    snap = loader.save_snapshot(path)
+                    saves.append(time.perf_counter() - start)
+                    in_flight = sum(s["in_flight"] for s in snap.manifest["shards"])
+            size = os.path.getsize(path)
+        finally:
+            loader.shutdown()
+        for _ in range(repeat):
+            start = time.perf_counter()
+            restored: snapshot.DataLoader2[Any] = snapshot.DataLoader2(
+                build(), reading_service=snapshot.MultiProcessingReadingService(2))
+            restored.restore_snapshot(path)
+            next(iter(restored))
+            restores.append(time.perf_counter() - start)
+            restored.shutdown()
+    return statistics.median(saves), statistics.median(restores), size, in_flight
+
+
+def run(repeat: int = 3, json_path: str | None = None) -> dict[str, Any]:
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    contenders = {"torch DataLoader": torch_loader, "torchdata DataLoader2": torchdata_dl2,
+                  "StatefulDataLoader": stateful_loader, "ours": ours}
+    times: dict[str, tuple[float, float]] = {}
+    for name, make in contenders.items():
+        try:
+            times[name] = measure(make, epochs=repeat)
+        except ImportError:
+            times[name] = (float("nan"), float("nan"))
+    mine = times["ours"][1]
+    rows = [[name, f"{first:6.2f} s", f"{warm:6.2f} s", f"{SAMPLES / warm:8.0f}/s", f"{warm / mine:5.2f}x"]
+            for name, (first, warm) in times.items()]
+    print(f"2 workers, {SAMPLES} samples of 16 KiB per epoch, batch {BATCH}, collated")
+    print(table(["loader", "1st epoch", "warm epoch", "samples/s", "ours faster by"], rows))
+    save_s, restore_s, size, in_flight = snapshot_latency(repeat)
+    print(f"save_snapshot mid-epoch, 2 workers running: {ms(save_s)} "
+          f"(file {size / 1024:.0f} KiB, {in_flight:.0f} batches in flight stored by value)")
+    print(f"restore onto 2 new workers up to the first batch: {ms(restore_s)}")
+    payload = {"benchmark": "workers", "samples": SAMPLES, "batch": BATCH,
+               "epoch_seconds": {k: {"first": v[0], "warm": v[1]} for k, v in times.items()},
+               "ours_speedup_vs": {k: v[1] / mine for k, v in times.items() if k != "ours"},
+               "save_snapshot_s": save_s, "restore_to_first_batch_s": restore_s, "file_bytes": size}
+    save_json(json_path, payload)
+    return payload

@@ -11,6 +11,7 @@ seconds and fails the same way every time.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import struct
 import tempfile
@@ -140,8 +141,6 @@ manifests = st.one_of(
 @FUZZ
 @given(manifest=manifests, payload=st.binary(max_size=64))
 def test_arbitrary_json_manifests(manifest: Any, payload: bytes, workdir: str) -> None:
-    import json
-
     read_everything(container(json.dumps(manifest).encode(), payload), workdir)
 
 
@@ -270,3 +269,67 @@ def test_state_dicts(manifest: Any, payload: Any, marker: Any) -> None:
     result = bounded(b"x" * 4096, lambda: fmt.from_state_dict(state))
     if isinstance(result, fmt.Container):
         assert result.manifest["format"] == fmt.FORMAT_VERSION
+
+
+# -- the command line's reading of a manifest -------------------------------------------------
+
+def render_everything(manifest: Any) -> None:
+    """What ``inspect``, ``diff`` and ``graph`` do with a manifest; only a SnapshotError may escape."""
+    from snapshot.cli import _diff, _dot, _inspect, _view
+
+    try:
+        view = _view.read_view(manifest, "fuzz.snap")
+    except snapshot.SnapshotError:
+        return
+    assert isinstance(_inspect.render(view), str)
+    assert _dot.to_dot(view).startswith("digraph")
+    assert _diff.compare(view, view) == []
+    other = _view.read_view(json.loads(MANIFEST), "valid.snap")
+    assert isinstance(_diff.render(view, other, _diff.compare(view, other)), str)
+
+
+def valid_manifest() -> dict[str, Any]:
+    return json.loads(MANIFEST)
+
+
+paths = st.sampled_from(["0", "0/datapipe", "0/datapipe/datapipe", "x", ""])
+anything = st.one_of(json_values, paths)
+
+
+@FUZZ
+@given(edits=st.lists(st.tuples(
+    st.sampled_from(["loader", "randomness", "graph", "service", "shards", "upstream", "payload", "verify",
+                     "versions", "created", "_file"]),
+    st.lists(st.one_of(st.sampled_from(["nodes", "inputs", "args", "plan", "drivers", "reasons", "yielded",
+                                        "buffered", "restore", "state_bytes", "path", "type", "node_seeds",
+                                        "seed", "parts", "size", "epoch", "routers", "queued", "position",
+                                        "0", "0/datapipe"]),
+                       st.integers(0, 3)), max_size=3),
+    anything), min_size=1, max_size=4))
+def test_the_cli_renders_any_manifest_or_refuses_it(edits: list[tuple[str, list[Any], Any]]) -> None:
+    manifest = valid_manifest()
+    for top, route, value in edits:
+        target: Any = manifest
+        key: Any = top
+        for step in route:  # walk as far as the route exists, then replace what is there
+            inner = target.get(key) if isinstance(target, dict) else (
+                target[key] if isinstance(target, list) and isinstance(key, int) and key < len(target) else None)
+            if not isinstance(inner, (dict, list)):
+                break
+            if isinstance(inner, list) and not isinstance(step, int):
+                step = 0
+            if isinstance(inner, list) and step >= len(inner):
+                break
+            if isinstance(inner, dict) and step not in inner and isinstance(step, int):
+                break
+            target, key = inner, step
+        if isinstance(target, dict) or (isinstance(target, list) and isinstance(key, int) and key < len(target)):
+            target[key] = value
+    render_everything(manifest)
+
+
+@FUZZ
+@given(manifest=manifests)
+def test_the_cli_renders_arbitrary_json(manifest: Any) -> None:
+    if isinstance(manifest, dict):
+        render_everything(manifest)

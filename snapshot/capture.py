@@ -87,7 +87,8 @@ def _map_nodes(service: Mapping[str, Any], convert: Any) -> dict[str, Any]:
 
     converted = dict(service)
     if "shards" in service:
-        converted["shards"] = [{**shard, "nodes": nodes(shard.get("nodes", {}))} for shard in service["shards"]]
+        converted["shards"] = [None if shard is None else {**shard, "nodes": nodes(shard.get("nodes", {}))}
+                               for shard in service["shards"]]
     if "upstream" in service:
         converted["upstream"] = [{**up, "nodes": nodes(up.get("nodes", {}))} for up in service["upstream"]]
     return converted
@@ -122,7 +123,9 @@ def _node_manifest(records: Mapping[str, Any], replayed: set[str]) -> dict[str, 
     return nodes
 
 
-def _shard_manifest(shard: Mapping[str, Any]) -> dict[str, Any]:
+def _shard_manifest(shard: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if shard is None:
+        return None  # run elsewhere (another rank)
     plan = shard.get("plan", {})
     replayed = set(plan.get("replayed_nodes", []))
     return {

@@ -175,11 +175,11 @@ def test_an_exception_in_a_worker_surfaces_with_its_traceback_and_node() -> None
 
 
 def test_a_killed_worker_is_reported_within_the_timeout() -> None:
-    loader = snapshot.DataLoader2(graphs.killing_graph(), reading_service=Workers(2, timeout=30))
+    loader = snapshot.DataLoader2(graphs.killing_graph(), reading_service=Workers(2, timeout=60))
     start = time.monotonic()
     with pytest.raises(snapshot.WorkerError, match="killed by signal SIGKILL") as info:
         list(loader)
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 30  # found by the process sentinel, well before the timeout
     assert "restore from your last snapshot" in str(info.value)
 
 
@@ -195,13 +195,13 @@ def test_shutdown_and_del_leave_no_child_process() -> None:
     before = child_pids()
     loader = snapshot.DataLoader2(graphs.sharded_batches(), reading_service=Workers(2))
     next(iter(loader))
-    pids = {w.process.pid for w in loader.reading_service._pool.workers}
+    pids = {w.process.pid for w in loader.reading_service._executor.workers}
     assert pids <= child_pids()
     loader.shutdown()
     assert not (pids & child_pids())
     loader = snapshot.DataLoader2(graphs.sharded_batches(), reading_service=Workers(2))
     next(iter(loader))
-    pids = {w.process.pid for w in loader.reading_service._pool.workers}
+    pids = {w.process.pid for w in loader.reading_service._executor.workers}
     del loader
     import gc
 
@@ -217,7 +217,7 @@ def test_interpreter_exit_leaves_no_worker_behind() -> None:
         from tests import graphs
         loader = snapshot.DataLoader2(graphs.sharded_batches(), reading_service=Workers(2))
         next(iter(loader))
-        print(" ".join(str(w.process.pid) for w in loader.reading_service._pool.workers), flush=True)
+        print(" ".join(str(w.process.pid) for w in loader.reading_service._executor.workers), flush=True)
     """)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=root)
@@ -237,7 +237,7 @@ def test_workers_exit_when_the_main_process_is_killed() -> None:
         from tests import graphs
         loader = snapshot.DataLoader2(graphs.sharded_batches(), reading_service=Workers(2))
         next(iter(loader))
-        print(" ".join(str(w.process.pid) for w in loader.reading_service._pool.workers), flush=True)
+        print(" ".join(str(w.process.pid) for w in loader.reading_service._executor.workers), flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -36,7 +36,8 @@ try:
 except ImportError:  # pragma: no cover - numpy is optional
     numpy = None  # type: ignore[assignment]
 
-__all__ = ["GlobalRNG", "RoundRobin", "Router", "ShardEngine", "owners", "recombine", "service_state"]
+__all__ = ["GlobalRNG", "RoundRobin", "Router", "ShardEngine", "merge_state_for", "owners", "recombine",
+           "service_state"]
 
 
 class GlobalRNG(str, enum.Enum):
@@ -394,27 +395,28 @@ def recombine(saved_upstream: Sequence[Mapping[str, Any]], saved_shards: Sequenc
 
 
 class RoundRobin(Iterator[Any]):
-    """Merges logical shards into one stream: 0, 1, ..., L-1, 0, ... skipping exhausted ones.
+    """Merges logical shards into one stream: each owned shard in turn, skipping exhausted ones.
 
     ``fetch(shard)`` produces a shard's next sample (raising ``StopIteration`` at its end);
     samples already produced but not yet yielded (``in_flight``) are served first.
     """
 
-    def __init__(self, count: int, fetch: Callable[[int], Any]):
-        self.count = count
+    def __init__(self, shards: Sequence[int], fetch: Callable[[int], Any]):
+        self.shards = list(shards)
         self.fetch = fetch
-        self.next_shard = 0
+        self.turn = 0
         self.exhausted: set[int] = set()
-        self.consumed = [0] * count
-        self.in_flight: list[deque[Any]] = [deque() for _ in range(count)]
+        self.consumed = {s: 0 for s in self.shards}
+        self.in_flight: dict[int, deque[Any]] = {s: deque() for s in self.shards}
 
     def __iter__(self) -> RoundRobin:
         return self
 
     def __next__(self) -> Any:
-        while len(self.exhausted) < self.count:
-            shard = self.next_shard
-            self.next_shard = (shard + 1) % self.count
+        shards = self.shards
+        while len(self.exhausted) < len(shards):
+            shard = shards[self.turn]
+            self.turn = (self.turn + 1) % len(shards)
             if shard in self.exhausted:
                 continue
             waiting = self.in_flight[shard]
@@ -430,18 +432,31 @@ class RoundRobin(Iterator[Any]):
             return item
         raise StopIteration
 
-    @property
-    def finished(self) -> bool:
-        return len(self.exhausted) == self.count
-
     def state(self) -> dict[str, Any]:
-        return {"next": self.next_shard, "exhausted": sorted(self.exhausted), "consumed": list(self.consumed)}
+        return {"shards": list(self.shards), "turn": self.turn, "exhausted": sorted(self.exhausted),
+                "consumed": dict(self.consumed)}
 
-    def load(self, state: Mapping[str, Any], in_flight: Sequence[Sequence[Any]]) -> None:
-        self.next_shard = int(state["next"])
+    def load(self, state: Mapping[str, Any], shards: Sequence[Mapping[str, Any] | None]) -> None:
+        """Continue from ``state`` (see :func:`merge_state_for`); ``shards`` are the saved records."""
+        self.turn = int(state["turn"])
         self.exhausted = {int(s) for s in state["exhausted"]}
-        self.consumed = [int(c) for c in state["consumed"]]
-        self.in_flight = [deque(items) for items in in_flight]
+        self.consumed = {int(s): int(n) for s, n in state["consumed"].items()}
+        for shard in self.shards:
+            record = shards[shard]
+            self.in_flight[shard] = deque(record["in_flight"] if record is not None else [])
+
+
+def merge_state_for(state: Mapping[str, Any], shards: Sequence[int]) -> dict[str, Any]:
+    """The merge position for ``shards``: the saved one if the same shards were merged
+    together, else one derived from the shard records (for a restore onto another layout)."""
+    candidates = [state.get("merge")] + [rank.get("merge") for rank in state.get("ranks", [])]
+    for merge in candidates:
+        if merge is not None and [int(s) for s in merge["shards"]] == list(shards):
+            return dict(merge)
+    records = state["shards"]
+    return {"shards": list(shards), "turn": 0,
+            "exhausted": [s for s in shards if records[s] is not None and records[s].get("finished")],
+            "consumed": {s: int(records[s]["yielded"]) if records[s] is not None else 0 for s in shards}}
 
 
 def owners(count: int, workers: int) -> list[int]:
@@ -450,20 +465,25 @@ def owners(count: int, workers: int) -> list[int]:
 
 
 def service_state(name: str, layout: Mapping[str, Any], seeds: EpochSeeds, merge: RoundRobin,
-                  engines: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The checkpoint every sharded service returns (see ``ServiceState``)."""
-    shards: list[dict[str, Any]] = [{} for _ in range(merge.count)]
+                  engines: Sequence[Mapping[str, Any]], count: int) -> dict[str, Any]:
+    """The checkpoint every sharded service returns (see ``ServiceState``).
+
+    ``shards`` has one record per logical shard (``None`` for shards this process does not
+    own, which a distributed snapshot fills in from the other ranks).
+    """
+    shards: list[dict[str, Any] | None] = [None] * count
     upstream = []
     for engine in engines:
         if engine["upstream"] is not None:
             upstream.append(engine["upstream"])
         for shard, record in engine["shards"].items():
             shards[int(shard)] = dict(record)
-    for shard, record in enumerate(shards):
+    for shard in merge.shards:
+        record = shards[shard]
+        assert record is not None
         record["shard"] = shard
         record["yielded"] = merge.consumed[shard]
         record["in_flight"] = list(merge.in_flight[shard])
         record["finished"] = shard in merge.exhausted
     return {"service": name, "layout": dict(layout), "seeds": seeds.state(), "merge": merge.state(),
             "upstream": upstream, "shards": shards}
-

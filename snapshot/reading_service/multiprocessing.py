@@ -21,22 +21,21 @@ import signal
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from snapshot import _serialization
 from snapshot.errors import LayoutError, WorkerError
 from snapshot.graph import Graph
-from snapshot.randomness import EpochSeeds, SeedGenerator, epoch_seeds
+from snapshot.randomness import EpochSeeds
 from snapshot.reading_service import _transport as transport
-from snapshot.reading_service._engine import GlobalRNG, RoundRobin, owners, recombine, service_state
+from snapshot.reading_service._engine import GlobalRNG, recombine
+from snapshot.reading_service._sharded import Executor, LocalExecutor, ShardedService
 from snapshot.reading_service._worker import run_worker
-from snapshot.reading_service.base import ReadingServiceInterface, ServiceState
-from snapshot.reading_service.in_process import InProcessReadingService, resolve_logical_shards
-from snapshot.reading_service.in_process import _Output as _LocalOutput
+from snapshot.reading_service.base import ServiceState
 from snapshot.restore import RestoreStrategy
-from snapshot.sharding import Topology, WorkerInfo, analyze
+from snapshot.sharding import Topology, WorkerInfo
 
 __all__ = ["MultiProcessingReadingService"]
 
@@ -84,20 +83,21 @@ class _Worker:
 class WorkerPool:
     """The worker processes of one loader, and the messages to and from them."""
 
-    def __init__(self, *, context: Any, template: bytes, count: int, num_workers: int, init_fn: Any,
-                 global_rng: GlobalRNG, timeout: float, prefetch: int):
+    def __init__(self, *, context: Any, template: bytes, topology: Topology, count: int, shards: Sequence[int],
+                 num_workers: int, init_fn: Any, global_rng: GlobalRNG, timeout: float, prefetch: int):
         self.count = count
+        self.topology = topology
         self.timeout = timeout
         self.prefetch = max(1, prefetch)
-        self.owner = owners(count, num_workers)
+        self.owner = {shard: i % num_workers for i, shard in enumerate(shards)}
         self.workers: list[_Worker] = []
         self._tag = 0
         self._reset_buffers()
         parent = os.getpid()
         try:
             for index in range(num_workers):
-                shards = [s for s in range(count) if self.owner[s] == index]
-                setup = _serialization.dumps({"graph": template, "count": count, "shards": shards,
+                mine = [s for s in shards if self.owner[s] == index]
+                setup = _serialization.dumps({"graph": template, "count": count, "shards": mine,
                                               "worker": WorkerInfo(num_workers, index), "init_fn": init_fn,
                                               "global_rng": GlobalRNG(global_rng)}, what="worker set-up")
                 requests_out, requests_in = context.Pipe(duplex=False)
@@ -108,15 +108,15 @@ class WorkerPool:
                 process.start()
                 requests_out.close()
                 results_in.close()
-                self.workers.append(_Worker(index, process, requests_in, results_out, shards))
+                self.workers.append(_Worker(index, process, requests_in, results_out, mine))
         except BaseException:
             self.shutdown()
             raise
 
     def _reset_buffers(self) -> None:
-        self._buffers: list[deque[tuple[int, Any]]] = [deque() for _ in range(self.count)]
-        self._requested = [0] * self.count
-        self._closed = [False] * self.count
+        self._buffers: dict[int, deque[tuple[int, Any]]] = {s: deque() for s in self.owner}
+        self._requested = {s: 0 for s in self.owner}
+        self._closed = {s: False for s in self.owner}
         self._control: dict[int, deque[tuple[Any, ...]]] = {}
 
     # -- receiving --------------------------------------------------------------------------
@@ -192,19 +192,20 @@ class WorkerPool:
 
     # -- epochs -----------------------------------------------------------------------------
 
-    def start(self, seeds: EpochSeeds, states: Sequence[Any] | None = None,
+    def start(self, seeds: EpochSeeds, state: Mapping[str, Any] | None = None,
               strategy: RestoreStrategy = RestoreStrategy.AUTO) -> None:
-        """Start an epoch in every worker (or restore it from per-worker ``states``)."""
+        """Start an epoch in every worker (or put each back from the saved service ``state``)."""
         self._tag += 1
         self._reset_buffers()
         for worker in self.workers:
-            if states is None:
+            if state is None:
                 worker.send(("start", self._tag, seeds.state()))
             else:
-                payload = _serialization.dumps(states[worker.index], what="restore state")
+                mine = recombine(state["upstream"], state["shards"], worker.shards, self.topology.routers)
+                payload = _serialization.dumps(mine, what="restore state")
                 worker.send(("restore", self._tag, seeds.state(), payload, strategy.value))
         for worker in self.workers:
-            self._await(worker, self._tag, "restoring its shards" if states is not None else "starting the epoch")
+            self._await(worker, self._tag, "restoring its shards" if state is not None else "starting the epoch")
 
     def _top_up(self, shard: int) -> None:
         worker = self.workers[self.owner[shard]]
@@ -227,7 +228,7 @@ class WorkerPool:
             raise StopIteration
         raise self._error(payload, worker, f"in logical shard {shard}")
 
-    def capture(self) -> tuple[list[dict[str, Any]], list[list[Any]]]:
+    def capture(self) -> tuple[list[dict[str, Any]], dict[int, list[Any]]]:
         """Every worker's engine state, and per shard the samples received but not yet taken.
 
         Those samples are handed over (removed from the pool's buffers): the caller yields
@@ -240,14 +241,17 @@ class WorkerPool:
         for worker in self.workers:
             message = self._await(worker, tag, "taking a snapshot")
             states.append(_serialization.loads(message[2], what="worker state"))
-        pending = []
-        for shard, buffer in enumerate(self._buffers):
+        pending = {}
+        for shard, buffer in self._buffers.items():
             for kind, payload in buffer:
                 if kind == _ERROR:
                     raise self._error(payload, self.workers[self.owner[shard]], f"in logical shard {shard}")
-            pending.append([payload for kind, payload in buffer if kind == _ITEM])
+            pending[shard] = [payload for kind, payload in buffer if kind == _ITEM]
             self._buffers[shard] = deque(entry for entry in buffer if entry[0] != _ITEM)
         return states, pending
+
+    def close(self) -> None:
+        self.shutdown()
 
     def shutdown(self) -> None:
         for worker in self.workers:
@@ -267,7 +271,7 @@ class WorkerPool:
         self.workers = []
 
 
-class MultiProcessingReadingService(ReadingServiceInterface):
+class MultiProcessingReadingService(ShardedService):
     """Load with ``num_workers`` processes; exact snapshots; restore onto any worker count <= L.
 
     Args:
@@ -282,7 +286,7 @@ class MultiProcessingReadingService(ReadingServiceInterface):
             shards' copies of the graph; it may return a replacement but must keep the graph's
             structure.
         timeout: seconds to wait for a worker before raising :class:`~snapshot.WorkerError`.
-        global_rng: see :class:`GlobalRNG` (default: each logical shard has its own
+        global_rng: see :class:`~snapshot.GlobalRNG` (default: each logical shard has its own
             ``random``/``numpy``/``torch`` generator states, saved in snapshots).
         worker_prefetch_cnt, main_prefetch_cnt: torchdata 0.9's names; the first sets
             ``prefetch_factor``, the second is not needed (samples queue in the pipes) and is
@@ -312,155 +316,58 @@ class MultiProcessingReadingService(ReadingServiceInterface):
         if main_prefetch_cnt is not None:
             warnings.warn("main_prefetch_cnt is ignored: samples already queue between the workers and "
                           "the main process", stacklevel=2)
+        super().__init__(logical_shards=logical_shards, global_rng=global_rng)
         self.num_workers = num_workers
-        self.logical_shards = logical_shards
         self.prefetch_factor = worker_prefetch_cnt if worker_prefetch_cnt is not None else prefetch_factor
         self.multiprocessing_context = multiprocessing_context
         self.worker_init_fn = worker_init_fn
         self.timeout = timeout
-        self.global_rng = GlobalRNG(global_rng)
-        self._reset_state()
+        self._running = 0
 
-    def _reset_state(self) -> None:
-        self._local: InProcessReadingService | None = None
-        self._pool: WorkerPool | None = None
-        self._graph: Graph | None = None
-        self._topology: Topology | None = None
-        self._template = b""
-        self._count = 0
-        self._workers = 0
-        self._merge: RoundRobin | None = None
-        self._seeds: EpochSeeds | None = None
+    @property
+    def workers(self) -> int:
+        return self.num_workers
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state.update(_local=None, _pool=None, _graph=None, _topology=None, _template=b"", _count=0, _workers=0,
-                     _merge=None, _seeds=None)
-        return state
+    def _default_shards(self) -> int:
+        return max(self.num_workers, 1)
 
     def _context(self) -> Any:
         method = self.multiprocessing_context or ("fork" if "fork" in mp.get_all_start_methods() else None)
         return mp.get_context(method)
 
-    # -- lifecycle --------------------------------------------------------------------------
-
-    def initialize(self, datapipe: Any) -> _Output:
-        topology = analyze(Graph(datapipe))
-        count = resolve_logical_shards(self.logical_shards, topology, max(self.num_workers, 1))
-        self._setup(datapipe, count)
-        return _Output(self)
-
-    def _setup(self, datapipe: Any, count: int) -> None:
-        self.finalize()
-        self._graph = Graph(datapipe)
-        self._topology = analyze(self._graph)
-        self._count = count
+    def _make_executor(self, datapipe: Any, graph: Graph, topology: Topology, count: int,
+                       shards: list[int]) -> Executor:
+        template = _serialization.dumps_graph(datapipe)
         if self.num_workers == 0:
-            self._local = InProcessReadingService(logical_shards=count, global_rng=self.global_rng)
-            self._local.initialize(datapipe)
-            return
+            self._running = 0
+            return LocalExecutor(graph, template if len(shards) > 1 else b"", topology, count, shards,
+                                 self.global_rng)
         workers = self.num_workers
-        if not self._topology.sharded and workers > 1:
+        if not topology.sharded and workers > 1:
             warnings.warn(
                 f"the graph has no sharding point, so it runs as one logical shard in one worker (not "
                 f"{workers}): each worker would otherwise read the whole dataset. Add .sharding_filter() "
                 "where samples may be split (after shuffling file names, say) to use every worker.",
-                stacklevel=3,
+                stacklevel=4,
             )
             workers = 1
-        if workers > count:
+        if workers > len(shards):
             raise LayoutError(
-                f"{workers} workers cannot share {count} logical shard(s): each shard runs in one worker. "
-                f"Use num_workers <= {count}, or (on a first run) logical_shards >= num_workers.")
-        self._workers = workers
-        self._template = _serialization.dumps_graph(datapipe)
-        self._pool = WorkerPool(context=self._context(), template=self._template, count=count, num_workers=workers,
-                                init_fn=self.worker_init_fn, global_rng=self.global_rng, timeout=self.timeout,
-                                prefetch=self.prefetch_factor)
+                f"{workers} workers cannot share {len(shards)} logical shard(s): each shard runs in one worker. "
+                f"Use num_workers <= {len(shards)}, or (on a first run) logical_shards >= num_workers.")
+        self._running = workers
+        return WorkerPool(context=self._context(), template=template, topology=topology, count=count,
+                          shards=shards, num_workers=workers, init_fn=self.worker_init_fn,
+                          global_rng=self.global_rng, timeout=self.timeout, prefetch=self.prefetch_factor)
 
-    def initialize_iteration(
-        self, seed_generator: SeedGenerator, iter_reset_fn: Callable[[Any], Any] | None = None
-    ) -> Callable[[Any], Any] | None:
-        if self._local is not None:
-            return self._local.initialize_iteration(seed_generator, iter_reset_fn)
-        pool, graph = self._require()
-        self._seeds = epoch_seeds(seed_generator, graph, self._count)
-        pool.start(self._seeds)
-        self._merge = RoundRobin(self._count, pool.fetch)
-        return None
-
-    def finalize(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
-        if self._local is not None:
-            self._local.finalize()
-
-    # -- checkpoint / restore -----------------------------------------------------------------
-
-    def checkpoint(self) -> ServiceState:
-        if self._local is not None:
-            state = self._local.checkpoint()
-            if state:
-                state["service"] = type(self).__name__
-            return state
-        if self._pool is None or self._merge is None or self._seeds is None:
-            return {}
-        engines, pending = self._pool.capture()
-        for shard, items in enumerate(pending):
-            self._merge.in_flight[shard].extend(items)
-        layout = {"logical_shards": self._count, "workers": self._workers, "ranks": 1,
-                  "owners": owners(self._count, self._workers)}
-        return service_state(type(self).__name__, layout, self._seeds, self._merge, engines)
+    def _layout(self) -> dict[str, Any]:
+        assignment = {str(s): i % max(self._running, 1) for i, s in enumerate(self._owned)}
+        return {"logical_shards": self._count, "workers": self._running, "ranks": 1, "owners": assignment}
 
     def validate(self, state: ServiceState) -> list[str]:
+        problems = super().validate(state)
         saved = int(state["layout"]["logical_shards"])
-        problems = []
-        if self.logical_shards is not None and self.logical_shards != saved:
-            problems.append(f"the snapshot has {saved} logical shards but this service asks for logical_shards="
-                            f"{self.logical_shards}; leave it unset to take the saved value")
         if self.num_workers > saved:
             problems.append(f"the snapshot has {saved} logical shard(s), which cannot keep {self.num_workers} "
                             f"workers busy: each logical shard runs in one worker; use num_workers <= {saved}")
         return problems
-
-    def restore(self, datapipe: Any, state: ServiceState, *, strategy: Any = RestoreStrategy.AUTO) -> _Output:
-        if not state:
-            if self._graph is None:
-                self.initialize(datapipe)
-            return _Output(self)
-        count = int(state["layout"]["logical_shards"])
-        if (self._pool is None and self._local is None) or count != self._count:
-            self._setup(self._graph.sink if self._graph is not None else datapipe, count)
-        if self._local is not None:
-            self._local.restore(datapipe, state, strategy=strategy)
-            return _Output(self)
-        pool, _ = self._require()
-        assert self._topology is not None
-        self._seeds = EpochSeeds.from_state(state["seeds"])
-        per_worker = [recombine(state["upstream"], state["shards"], worker.shards, self._topology.routers)
-                      for worker in pool.workers]
-        pool.start(self._seeds, per_worker, RestoreStrategy.parse(strategy))
-        self._merge = RoundRobin(count, pool.fetch)
-        self._merge.load(state["merge"], [shard["in_flight"] for shard in state["shards"]])
-        return _Output(self)
-
-    def _require(self) -> tuple[WorkerPool, Graph]:
-        if self._pool is None or self._graph is None:
-            raise RuntimeError("initialize() must be called before iterating")
-        return self._pool, self._graph
-
-    def _stream(self) -> Iterator[Any]:
-        if self._local is not None:
-            return iter(_LocalOutput(self._local))
-        return self._merge if self._merge is not None else iter(())
-
-
-class _Output:
-    def __init__(self, service: MultiProcessingReadingService):
-        self._service = service
-
-    def __iter__(self) -> Iterator[Any]:
-        return self._service._stream()
-
-

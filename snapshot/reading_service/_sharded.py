@@ -1,0 +1,221 @@
+"""What the in-process and multi-process services share: running a set of logical shards.
+
+A :class:`ShardedService` cuts the graph into L logical shards, runs the shards it owns (all
+of them, or a rank's share when a :class:`~snapshot.DistributedReadingService` drives it)
+through an *executor* (one engine in this process, or a pool of worker processes) and merges
+them round-robin. Its checkpoint and restore work on the same state whatever the executor,
+so a snapshot moves freely between in-process, any number of workers and any number of ranks.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+from snapshot import _serialization
+from snapshot.errors import ShardingError
+from snapshot.graph import Graph
+from snapshot.randomness import EpochSeeds, SeedGenerator, epoch_seeds
+from snapshot.reading_service._engine import (
+    GlobalRNG,
+    RoundRobin,
+    ShardEngine,
+    merge_state_for,
+    recombine,
+    service_state,
+)
+from snapshot.reading_service.base import ReadingServiceInterface, ServiceState
+from snapshot.restore import RestoreStrategy
+from snapshot.sharding import Topology, WorkerInfo, analyze
+
+__all__ = ["Executor", "LocalExecutor", "ShardedService", "resolve_logical_shards"]
+
+
+def resolve_logical_shards(requested: int | None, topology: Topology, default: int) -> int:
+    """The number of logical shards for a first run (an explicit request wins)."""
+    if requested is not None:
+        if requested < 1:
+            raise ValueError(f"logical_shards must be >= 1, got {requested}")
+        if requested > 1 and not topology.sharded:
+            raise ShardingError(
+                f"logical_shards={requested} needs a sharding point, and this graph has none: add "
+                ".sharding_filter() where the samples may be split (after shuffling file names, "
+                "say), or use logical_shards=1."
+            )
+        return requested
+    return default if topology.sharded else 1
+
+
+class Executor(Protocol):
+    """Runs the engines of a set of logical shards."""
+
+    def start(self, seeds: EpochSeeds, state: Mapping[str, Any] | None = None,
+              strategy: RestoreStrategy = RestoreStrategy.AUTO) -> None: ...
+
+    def fetch(self, shard: int) -> Any: ...
+
+    def capture(self) -> tuple[list[dict[str, Any]], dict[int, list[Any]]]: ...
+
+    def close(self) -> None: ...
+
+
+class LocalExecutor:
+    """One engine, in this process, for every owned shard."""
+
+    def __init__(self, graph: Graph, template: bytes, topology: Topology, count: int, shards: Sequence[int],
+                 global_rng: GlobalRNG):
+        self.topology = topology
+        self.shards = list(shards)
+        self.engine = ShardEngine(graph, lambda: _serialization.loads_graph(template), topology, count, shards,
+                                  worker=WorkerInfo(1, 0), global_rng=global_rng, protect_caller_rng=True)
+
+    def start(self, seeds: EpochSeeds, state: Mapping[str, Any] | None = None,
+              strategy: RestoreStrategy = RestoreStrategy.AUTO) -> None:
+        restore = None
+        if state is not None:
+            restore = recombine(state["upstream"], state["shards"], self.shards, self.topology.routers)
+        self.engine.start(seeds, restore, strategy)
+
+    def fetch(self, shard: int) -> Any:
+        return self.engine.next(shard)
+
+    def capture(self) -> tuple[list[dict[str, Any]], dict[int, list[Any]]]:
+        return [self.engine.capture()], {}
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class ShardedService(ReadingServiceInterface):
+    """Base of the services that run logical shards; see the module docstring."""
+
+    def __init__(self, *, logical_shards: int | None, global_rng: GlobalRNG | str):
+        self.logical_shards = logical_shards
+        self.global_rng = GlobalRNG(global_rng)
+        self._clear()
+
+    def _clear(self) -> None:
+        self._graph: Graph | None = None
+        self._topology: Topology | None = None
+        self._executor: Executor | None = None
+        self._merge: RoundRobin | None = None
+        self._seeds: EpochSeeds | None = None
+        self._count = 0
+        self._owned: list[int] = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_graph=None, _topology=None, _executor=None, _merge=None, _seeds=None, _count=0, _owned=[])
+        return state
+
+    # -- what subclasses decide -------------------------------------------------------------
+
+    @abstractmethod
+    def _default_shards(self) -> int:
+        """L for a first run when ``logical_shards`` is not given (for a sharded graph)."""
+
+    @abstractmethod
+    def _make_executor(self, datapipe: Any, graph: Graph, topology: Topology, count: int,
+                       shards: list[int]) -> Executor:
+        """The executor that runs ``shards`` out of ``count``."""
+
+    @abstractmethod
+    def _layout(self) -> dict[str, Any]:
+        """Workers and their shards, for the manifest."""
+
+    def _prepare(self, datapipe: Any) -> Any:
+        """Transform the graph once before the first epoch (``init_fn``)."""
+        return datapipe
+
+    @property
+    def workers(self) -> int:
+        """Worker processes per rank (0: in the calling process)."""
+        return 0
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def initialize(self, datapipe: Any) -> _Output:
+        datapipe = self._prepare(datapipe)
+        count = resolve_logical_shards(self.logical_shards, analyze(Graph(datapipe)), self._default_shards())
+        self.configure(datapipe, count, range(count))
+        return _Output(self)
+
+    def configure(self, datapipe: Any, count: int, shards: Sequence[int]) -> None:
+        """Run ``shards`` (a rank's share, or all) of ``count`` logical shards of ``datapipe``."""
+        self.finalize()
+        graph = Graph(datapipe)
+        self._graph, self._topology, self._count, self._owned = graph, analyze(graph), count, list(shards)
+        self._executor = self._make_executor(datapipe, graph, self._topology, count, self._owned)
+
+    def initialize_iteration(
+        self, seed_generator: SeedGenerator, iter_reset_fn: Callable[[Any], Any] | None = None
+    ) -> Callable[[Any], Any] | None:
+        executor, graph = self._require()
+        self._seeds = epoch_seeds(seed_generator, graph, self._count)
+        executor.start(self._seeds)
+        self._merge = RoundRobin(self._owned, executor.fetch)
+        return None
+
+    def finalize(self) -> None:
+        if self._executor is not None:
+            self._executor.close()
+            self._executor = None
+
+    # -- checkpoint / restore ---------------------------------------------------------------
+
+    def checkpoint(self) -> ServiceState:
+        if self._executor is None or self._merge is None or self._seeds is None:
+            return {}
+        engines, pending = self._executor.capture()
+        for shard, items in pending.items():
+            self._merge.in_flight[shard].extend(items)
+        return service_state(type(self).__name__, self._layout(), self._seeds, self._merge, engines, self._count)
+
+    def validate(self, state: ServiceState) -> list[str]:
+        saved = int(state["layout"]["logical_shards"])
+        if self.logical_shards is not None and self.logical_shards != saved:
+            return [f"the snapshot has {saved} logical shards but this service asks for logical_shards="
+                    f"{self.logical_shards}; the number of logical shards is fixed by the first run (leave "
+                    "logical_shards unset to take the saved value)"]
+        return []
+
+    def restore(self, datapipe: Any, state: ServiceState, *, strategy: Any = RestoreStrategy.AUTO,
+                shards: Sequence[int] | None = None) -> _Output:
+        if not state:
+            if self._executor is None:
+                self.initialize(datapipe)
+            return _Output(self)
+        count = int(state["layout"]["logical_shards"])
+        owned = list(shards) if shards is not None else list(range(count))
+        if self._executor is None or count != self._count or owned != self._owned:
+            if self._graph is not None:
+                datapipe = self._graph.sink
+            elif self._executor is None:
+                datapipe = self._prepare(datapipe)
+            self.configure(datapipe, count, owned)
+        executor, _ = self._require()
+        self._seeds = EpochSeeds.from_state(state["seeds"])
+        executor.start(self._seeds, state, RestoreStrategy.parse(strategy))
+        self._merge = RoundRobin(owned, executor.fetch)
+        self._merge.load(merge_state_for(state, owned), state["shards"])
+        return _Output(self)
+
+    def _require(self) -> tuple[Executor, Graph]:
+        if self._executor is None or self._graph is None:
+            raise RuntimeError("initialize() must be called before iterating")
+        return self._executor, self._graph
+
+    def stream(self) -> Iterator[Any]:
+        """The current epoch's merged stream."""
+        return self._merge if self._merge is not None else iter(())
+
+
+class _Output:
+    """What the loader iterates: the current epoch's merged stream."""
+
+    def __init__(self, service: ShardedService):
+        self._service = service
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._service.stream()

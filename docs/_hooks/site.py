@@ -26,8 +26,9 @@ PENDING = {
     "cli.md": (
         "Command line",
         "The reference of the `snapshot` command is being written in " + _ISSUE_6 + ".\n\n"
-        "Until it lands, [Inspect a snapshot](how-to/inspect.md) shows the command that exists "
-        "today, `snapshot inspect FILE [--json]`.",
+        "Until it lands, `snapshot --help` and `snapshot COMMAND --help` list the commands and "
+        "their options, and [Inspect a snapshot](how-to/inspect.md) walks through "
+        "`snapshot inspect`.",
     ),
     "threat-model.md": (
         "Threat model",

@@ -92,7 +92,8 @@ def test_a_different_seed(results: Results) -> None:
     out = results["seed"].stdout
     assert results["seed"].returncode == 1
     randomness = out[out.index("Randomness:"):]
-    assert randomness.splitlines()[1].split() == ["seed", "1", "2"]
+    assert randomness.splitlines()[1].split() == ["A", "B"]
+    assert randomness.splitlines()[2].split() == ["seed", "1", "2"]
     assert "derived seed of 0/datapipes/0/datapipes/0" in randomness
     assert "Graph:" not in out  # same structure
 
@@ -101,7 +102,7 @@ def test_a_different_layout_and_number_of_shards(results: Results) -> None:
     out = results["layout"].stdout
     assert results["layout"].returncode == 1
     layout = out[out.index("Reading service and layout:"):].splitlines()
-    assert layout[1].split() == ["name", "InProcessReadingService", "MultiProcessingReadingService"]
+    assert layout[2].split() == ["name", "InProcessReadingService", "MultiProcessingReadingService"]
     assert ["workers", "0", "3"] in [line.split() for line in layout]
     assert ["logical", "shards", "recorded", "1", "3"] in [line.split() for line in out.splitlines()]
     assert "Logical shards:" in out and "Same: position, graph, randomness, plan, versions, payload" in out

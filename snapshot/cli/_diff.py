@@ -208,7 +208,7 @@ def _section_lines(section: str, diffs: list[Difference], a: View, b: View) -> l
     title = {"randomness": "Randomness", "layout": "Reading service and layout", "shards": "Logical shards",
              "upstream": "Above the sharding point", "plan": "Restore plan (auto)", "versions": "Versions"}[section]
     rows = [[d.item, _value(d.a), _value(d.b)] for d in diffs[:MAX_LISTED]]
-    return [f"{title}:", *table(["", "A", "B"], rows)[1:], *more(len(diffs))]
+    return [f"{title}:", *table(["", "A", "B"], rows), *more(len(diffs))]
 
 
 def _delta(a: Any, b: Any) -> str:
@@ -231,7 +231,8 @@ def render(a: View, b: View, diffs: list[Difference]) -> str:
             out.extend(_section_lines(section, by_section[section], a, b))
     if list(by_section) == ["payload"]:
         out.append("  The manifests agree, so node states or buffered samples differ.")
-    same = [s for s in SECTIONS if s not in by_section and s != "nodes"]
+    absent = {"nodes"} | (set() if a.upstream or b.upstream else {"upstream"})
+    same = [s for s in SECTIONS if s not in by_section and s not in absent]
     out.append(f"Same: {', '.join(same)}" if same else "")
     return "\n".join(out).rstrip()
 

@@ -51,7 +51,8 @@ def add_command(commands: Any) -> None:
         description="Check a snapshot without unpickling it: the container and both checksums, "
                     "the signature (with a key), the versions it was written with, and with "
                     "--graph whether a graph built in code matches the saved one. Exit code 0 "
-                    "when every check passes, 1 when one fails, 2 when the file cannot be read.")
+                    "when every check passes, 1 when one fails, 2 when it cannot run (no such "
+                    "file, bad arguments, a --graph factory that cannot be imported or fails).")
     cmd.add_argument("file", help="a snapshot file")
     keys = cmd.add_mutually_exclusive_group()
     keys.add_argument("--key", help=f"the signing key (others may see it in the process list; "
@@ -97,7 +98,8 @@ def _versions(view: View) -> Check:
     written = ", ".join(f"{name} {version}" for name, version in saved.items()) or "unknown versions"
     differ = [name for name, version in saved.items() if name in here and here[name] != version]
     if not differ:
-        return Check("versions", OK, f"format {view.format} is read here; written with {written}, as here")
+        return Check("versions", OK, f"format {view.format}, read by this installation; written with {written}, "
+                                     "the same as here")
     notes = ", ".join(f"{name} {saved[name]} (here {here[name]})" for name in differ)
     why = []
     if "python" in differ and _minor(saved["python"]) != _minor(here["python"]):
@@ -106,7 +108,7 @@ def _versions(view: View) -> Check:
         why.append("the pickled graph names torch's classes, which another version may lack or change")
     hint = ("; ".join(why) + ": if restoring fails, rebuild the graph in code and use restore_snapshot()"
             if why else "format-compatible")
-    return Check("versions", NOTE, f"format {view.format} is read here; written with {notes}; {hint}")
+    return Check("versions", NOTE, f"format {view.format}, read by this installation; written with {notes}; {hint}")
 
 
 def _minor(version: str) -> str:

@@ -43,11 +43,14 @@ from snapshot.errors import (
     WorkerError,
 )
 from snapshot.format import read_manifest
+from snapshot.hooks import register_state_hook
 from snapshot.randomness import SeedGenerator
 from snapshot.reading_service._engine import GlobalRNG
 from snapshot.reading_service.base import ReadingServiceInterface
+from snapshot.reading_service.distributed import DistributedReadingService
 from snapshot.reading_service.in_process import InProcessReadingService
 from snapshot.reading_service.multiprocessing import MultiProcessingReadingService
+from snapshot.reading_service.sequential import SequentialReadingService
 from snapshot.restore import RestoreStrategy, restore
 from snapshot.sharding import WorkerInfo
 
@@ -55,6 +58,7 @@ __all__ = [
     "CorruptSnapshotError",
     "DataLoader2",
     "DataLoader2Iterator",
+    "DistributedReadingService",
     "EmptySnapshotError",
     "ExecutionError",
     "ForeignFileError",
@@ -69,6 +73,7 @@ __all__ = [
     "RestoreError",
     "RestoreStrategy",
     "SeedGenerator",
+    "SequentialReadingService",
     "SerializationError",
     "ShardingError",
     "SignatureError",
@@ -85,6 +90,7 @@ __all__ = [
     "capture",
     "load",
     "read_manifest",
+    "register_state_hook",
     "restore",
     "save",
 ]

@@ -11,19 +11,21 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import json
 import platform
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
 import torch
 
-from snapshot import _serialization, format
+from snapshot import _directory, _serialization, format
 from snapshot._version import __version__
 from snapshot.errors import CorruptSnapshotError, SnapshotFileError
 
-__all__ = ["LoaderState", "Snapshot", "capture", "load", "save"]
+__all__ = ["LoaderState", "Snapshot", "capture", "distributed_manifest", "load", "merge_parts", "part_info",
+           "parts_state_dict", "save"]
 
 
 @dataclass
@@ -187,15 +189,21 @@ def _manifest(source: LoaderState, service: Mapping[str, Any], payload: bytes,
 
 
 class Snapshot:
-    """A captured data position: a JSON ``manifest`` plus the objects a restore needs."""
+    """A captured data position: a JSON ``manifest`` plus the objects a restore needs.
+
+    A distributed snapshot (a directory, or a state dict with ``parts``) loads as one
+    snapshot whose ``parts`` are the ranks' own snapshots.
+    """
 
     def __init__(self, manifest: dict[str, Any], state: dict[str, Any],
-                 graph: bytes | None, service: bytes | None, payload: bytes):
+                 graph: bytes | None, service: bytes | None, payload: bytes,
+                 parts: list[Snapshot] | None = None):
         self.manifest = manifest
         self.state = state
         self.graph = graph
         self.service = service
         self._payload = payload
+        self.parts = parts
 
     @property
     def epoch(self) -> int:
@@ -216,12 +224,24 @@ class Snapshot:
                 f"nodes={len(self.manifest['graph']['nodes'])}, "
                 f"graph={'included' if self.graph is not None else 'not included'})")
 
+    @property
+    def identity(self) -> str:
+        """A digest that differs between any two snapshots (used to check ranks agree)."""
+        return hashlib.sha256(json.dumps(self.manifest, sort_keys=True).encode()).hexdigest()
+
     def to_bytes(self, *, key: bytes | str | None = None) -> bytes:
         """The snapshot file's bytes (signed when a key is given or ``$SNAPSHOT_KEY`` is set)."""
+        if self.parts is not None:
+            raise SnapshotFileError(
+                "a distributed snapshot is a directory of parts, not one file: save it with "
+                "save_snapshot(directory) on every rank, or use state_dict()")
         return format.pack(self.manifest, self._payload, key=key)
 
     def state_dict(self) -> dict[str, Any]:
         """The plain-dict form: ``{"snapshot_format", "manifest", "payload"}``."""
+        if self.parts is not None:
+            infos = [part_info(rank, part.manifest, part.to_bytes()) for rank, part in enumerate(self.parts)]
+            return parts_state_dict(infos, [part.to_bytes() for part in self.parts])
         return format.to_state_dict(self.manifest, self._payload)
 
     @classmethod
@@ -258,17 +278,83 @@ def save(snap: Snapshot, dest: format.PathOrFile, *, key: bytes | str | None = N
     format.atomic_write(dest, snap.to_bytes(key=key))
 
 
+def part_info(rank: int, manifest: dict[str, Any], data: bytes) -> dict[str, Any]:
+    """What the distributed manifest records of one rank's part."""
+    return {"rank": rank, "file": f"rank-{rank:05d}.snap", "sha256": hashlib.sha256(data).hexdigest(),
+            "size": len(data), "manifest": manifest}
+
+
+def distributed_manifest(infos: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The manifest of a distributed snapshot: rank 0's, with every rank's shards and its parts."""
+    first = dict(infos[0]["manifest"])
+    shards: list[Any] = []
+    upstream: list[Any] = []
+    ranks = []
+    for info in infos:
+        manifest = info["manifest"]
+        for index, shard in enumerate(manifest.get("shards", [])):
+            while len(shards) <= index:
+                shards.append(None)
+            if shard is not None:
+                shards[index] = shard
+        upstream.extend(manifest.get("upstream", []))
+        ranks.append({"rank": info["rank"], **manifest["loader"]})
+    first.update(shards=shards, upstream=upstream, ranks=ranks,
+                 parts=[{k: i[k] for k in ("rank", "file", "sha256", "size")} for i in infos])
+    first["service"] = {**first.get("service", {}), "ranks": len(infos)}
+    first.pop(format.PAYLOAD, None)
+    return first
+
+
+def parts_state_dict(infos: Sequence[Mapping[str, Any]], parts: list[bytes]) -> dict[str, Any]:
+    """The state-dict form of a distributed snapshot: the same three keys as any other."""
+    manifest = distributed_manifest(infos)
+    payload = format.join_parts(parts)
+    manifest[format.PAYLOAD] = format.payload_record(payload)
+    return format.to_state_dict(manifest, payload)
+
+
+def merge_parts(manifest: dict[str, Any], parts: list[Snapshot]) -> Snapshot:
+    """One snapshot from the ranks' parts: every logical shard, every rank's position."""
+    parts = sorted(parts, key=lambda p: int(p.state["service"].get("layout", {}).get("rank", 0))
+                   if p.state["service"] else 0)
+    first = parts[0]
+    state = dict(first.state)
+    state["ranks"] = [{"rank": i, "yielded": p.state["yielded"], "epoch_finished": p.state["epoch_finished"],
+                       "lookahead": p.state["lookahead"]} for i, p in enumerate(parts)]
+    services = [p.state["service"] for p in parts]
+    if services[0]:
+        shards: list[Any] = [None] * int(services[0]["layout"]["logical_shards"])
+        for service in services:
+            for index, record in enumerate(service["shards"]):
+                if record is not None:
+                    shards[index] = record
+        merged = {key: value for key, value in services[0].items() if key != "merge"}
+        merged.update(shards=shards, upstream=[u for service in services for u in service["upstream"]],
+                      ranks=[{"rank": i, "merge": service.get("merge")} for i, service in enumerate(services)])
+        state["service"] = merged
+    return Snapshot(manifest, state, first.graph, first.service, b"", parts=parts)
+
+
 def load(src: Any, *, key: bytes | str | None = None) -> Snapshot:
-    """Read and verify a snapshot (path, binary file, bytes or state dict); then unpickle it.
+    """Read and verify a snapshot (path, directory, binary file, bytes or state dict); then unpickle it.
 
     With ``key`` (or ``$SNAPSHOT_KEY``) an unsigned or tampered file is refused before
-    anything is unpickled.
+    anything is unpickled. A distributed snapshot (a directory, or a state dict of parts)
+    loads as one snapshot of all ranks.
     """
     if isinstance(src, Snapshot):
         return src
+    if _directory.is_directory_snapshot(src):
+        manifest, containers = _directory.read_parts(src, key=key)
+        return merge_parts(manifest, [Snapshot.from_container(c, source=str(src)) for c in containers])
     if isinstance(src, Mapping):
         container = format.from_state_dict(src)
         source = "<state_dict>"
+        if "parts" in container.manifest:
+            assert container.payload is not None
+            parts = [load(part, key=key) for part in format.split_parts(container.payload)]
+            return merge_parts(container.manifest, parts)
     elif isinstance(src, (bytes, bytearray, memoryview)):
         container = format.unpack(bytes(src), source="<bytes>", key=key)
         source = "<bytes>"

@@ -22,8 +22,8 @@ from torch.utils.data import IterDataPipe, MapDataPipe
 
 from snapshot import _serialization
 from snapshot._fingerprint import sample_fingerprint
-from snapshot.capture import LoaderState, Snapshot, capture, decode_nodes, save
-from snapshot.errors import LayoutError, SnapshotError, VerificationError
+from snapshot.capture import LoaderState, Snapshot, capture, decode_nodes, part_info, parts_state_dict, save
+from snapshot.errors import LayoutError, RankError, SnapshotError, VerificationError
 from snapshot.format import PathOrFile
 from snapshot.graph import Graph
 from snapshot.randomness import UINT64_LIMIT, SeedGenerator, draw_seed
@@ -308,9 +308,17 @@ class DataLoader2(Generic[T_co]):
         nothing is lost); restoring then checks the restored stream against them.
         """
         snap = capture(self, include_graph=include_graph, verify=verify)
-        if dest is not None:
+        collective = self._collective()
+        if dest is not None and collective is not None:
+            # a directory: every rank writes its part, rank 0 the manifest
+            collective.save_directory(snap.to_bytes(key=key), snap.manifest, dest, key)
+        elif dest is not None:
             save(snap, dest, key=key)
         return snap
+
+    def _collective(self) -> Any:
+        """The reading service's collective operations when it spans ranks (else ``None``)."""
+        return getattr(self.reading_service, "collective", None)
 
     def restore_snapshot(
         self, src: Any, *, strategy: RestoreStrategy | str = "auto",
@@ -339,14 +347,26 @@ class DataLoader2(Generic[T_co]):
         make_plan(self._graph, {}, strategy)  # refuses an impossible strategy up front
         state = snap.state
         problems = self.reading_service.validate(state["service"]) if state["service"] else []
+        collective = self._collective()
+        rank_position = self._rank_position(state, collective)
+        ranks = state.get("ranks", [])
+        if rank_position is None and any(r["lookahead"] for r in ranks):
+            problems.append("the snapshot holds samples computed ahead for verification on some rank; it "
+                            "restores only onto the same number of ranks")
         if problems:
             raise LayoutError("cannot restore onto this reading service:\n  " + "\n  ".join(problems))
+        if collective is not None:
+            identities = collective.all_gather(snap.identity, "checking that every rank restores the same snapshot")
+            if len(set(identities)) != 1:
+                differ = [r for r, i in enumerate(identities) if i != identities[0]]
+                raise RankError(f"ranks {differ} restore a different snapshot than rank 0; every rank must "
+                                "restore the same one")
         service_state = decode_nodes(state["service"]) if state["service"] else {}
         # Validated: now change the loader (and put it back if verification fails).
         before = self._position()
         try:
-            self._apply(state, service_state, strategy)
-            recorded = snap.manifest.get("verify")
+            self._apply(state, service_state, strategy, rank_position)
+            recorded = snap.manifest.get("verify") if rank_position is not None else None
             if recorded:
                 self._verify(recorded)
         except BaseException:
@@ -366,7 +386,19 @@ class DataLoader2(Generic[T_co]):
             self._datapipe_iter = None
             self._reset_iter = True
 
-    def _apply(self, state: dict[str, Any], service_state: dict[str, Any], strategy: RestoreStrategy) -> None:
+    @staticmethod
+    def _rank_position(state: dict[str, Any], collective: Any) -> Any:
+        """This rank's saved loader position if the snapshot had the same ranks, ``None`` if it
+        must be derived from the shards (another layout), ``False`` for a one-process snapshot."""
+        ranks = state.get("ranks")
+        world = collective.world if collective is not None else 1
+        if ranks is None:
+            return False if world == 1 else None
+        rank = collective.rank if collective is not None else 0
+        return ranks[rank] if len(ranks) == world else None
+
+    def _apply(self, state: dict[str, Any], service_state: dict[str, Any], strategy: RestoreStrategy,
+               rank_position: Any = False) -> None:
         if self._datapipe_iter is not None:
             self.reading_service.finalize_iteration()
             self._datapipe_iter = None
@@ -388,7 +420,17 @@ class DataLoader2(Generic[T_co]):
             self._datapipe_iter = None
             self._reset_iter = True
             return
+        if rank_position:
+            self._yielded = int(rank_position["yielded"])
+            self._epoch_finished = bool(rank_position["epoch_finished"])
+            self._lookahead = deque(rank_position["lookahead"])
+        elif rank_position is None:  # another layout: this rank's share starts where its shards stand
+            self._lookahead = deque()
+            self._epoch_finished = all(r["epoch_finished"] for r in state.get("ranks", [])) and bool(state.get("ranks"))
         self._end = self.reading_service.restore(self.datapipe, service_state, strategy=strategy)
+        if rank_position is None:
+            progress = getattr(self.reading_service, "progress", None)
+            self._yielded = progress()[0] if progress is not None else 0
         if self._epoch_finished:
             self._reset_iter = True
             self._datapipe_iter = None
@@ -427,7 +469,15 @@ class DataLoader2(Generic[T_co]):
         It survives ``torch.save``/``torch.load`` (``weights_only=True`` included), and is
         what accelerate, Lightning and ``torch.distributed.checkpoint`` save.
         """
-        return capture(self, include_graph=True).state_dict()
+        snap = capture(self, include_graph=True)
+        collective = self._collective()
+        if collective is None:
+            return snap.state_dict()
+        # every rank returns every rank's part: identical everywhere, so DCP keeps one copy
+        data = snap.to_bytes()
+        gathered = collective.all_gather((snap.manifest, data), "gathering the loader's state")
+        infos = [part_info(rank, manifest, part) for rank, (manifest, part) in enumerate(gathered)]
+        return parts_state_dict(infos, [part for _, part in gathered])
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore from :meth:`state_dict` (mid-epoch; ``strategy="auto"``)."""

@@ -61,11 +61,13 @@ __all__ = [
     "atomic_write",
     "dumps_manifest",
     "from_state_dict",
+    "join_parts",
     "pack",
     "payload_record",
     "read_container",
     "read_manifest",
     "resolve_key",
+    "split_parts",
     "to_state_dict",
     "unpack",
 ]
@@ -402,9 +404,13 @@ def atomic_write(dest: PathOrFile, data: bytes) -> None:
 
 
 def to_state_dict(manifest: Mapping[str, Any], payload: bytes) -> dict[str, Any]:
-    """The plain-dict form of a snapshot (survives ``torch.save``/``torch.load``)."""
-    plain = json.loads(json.dumps(manifest))  # only builtin types, for weights_only loads
-    return {STATE_DICT_MARKER: FORMAT_VERSION, "manifest": plain, "payload": payload}
+    """The plain-dict form of a snapshot (survives ``torch.save``/``torch.load``).
+
+    Always the same three keys, whatever the graph, position or number of ranks: frameworks
+    that flatten nested dicts into keys (``torch.distributed.checkpoint``) need a loader's
+    state to have the same keys when saved and when loaded. The manifest is JSON text.
+    """
+    return {STATE_DICT_MARKER: FORMAT_VERSION, "manifest": json.dumps(manifest), "payload": payload}
 
 
 def from_state_dict(state: Any, *, source: str = "<state_dict>") -> Container:
@@ -421,27 +427,43 @@ def from_state_dict(state: Any, *, source: str = "<state_dict>") -> Container:
     version = state[STATE_DICT_MARKER]
     if version != FORMAT_VERSION:
         _version_skew(int(version) if isinstance(version, int) else -1, source)
-    manifest = state.get("manifest")
+    manifest_text = state.get("manifest")
     payload = state.get("payload")
-    if not isinstance(manifest, Mapping) or not isinstance(payload, (bytes, bytearray)):
+    if not isinstance(manifest_text, str) or not isinstance(payload, (bytes, bytearray)):
         raise CorruptSnapshotError(
-            "the state dict lacks its 'manifest' dict or its 'payload' bytes", source=source,
+            "the state dict lacks its 'manifest' JSON text or its 'payload' bytes", source=source,
         )
-    try:
-        manifest_bytes = json.dumps(dict(manifest)).encode()
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise CorruptSnapshotError(
-            f"the state dict's 'manifest' is not plain JSON data ({exc})", source=source,
-        ) from exc
-    manifest = _parse_manifest(manifest_bytes, source)
-    record = manifest.get(PAYLOAD)
-    recorded = record.get("sha256") if isinstance(record, dict) else None
+    manifest = _parse_manifest(manifest_text.encode("utf-8", "surrogatepass"), source)
+    recorded = manifest.get(PAYLOAD, {}).get("sha256")
     if recorded != hashlib.sha256(payload).hexdigest():
         raise CorruptSnapshotError(
             "the payload checksum does not match the manifest: the state dict was altered; "
             "nothing was unpickled", source=source,
         )
     return Container(manifest, bytes(payload), False, len(payload))
+
+
+_PART_SIZE = struct.Struct("<Q")
+
+
+def join_parts(parts: list[bytes]) -> bytes:
+    """Several snapshot files as one payload (a distributed snapshot's state dict)."""
+    return b"".join(_PART_SIZE.pack(len(p)) + p for p in parts)
+
+
+def split_parts(payload: bytes, *, source: str = "<state_dict>") -> list[bytes]:
+    """Inverse of :func:`join_parts`."""
+    parts, offset = [], 0
+    while offset < len(payload):
+        if offset + _PART_SIZE.size > len(payload):
+            raise TruncatedSnapshotError("a part's length is cut short", source=source, offset=offset)
+        (size,) = _PART_SIZE.unpack_from(payload, offset)
+        offset += _PART_SIZE.size
+        if offset + size > len(payload):
+            raise TruncatedSnapshotError(f"a part declares {size} bytes past the end", source=source, offset=offset)
+        parts.append(payload[offset:offset + size])
+        offset += size
+    return parts
 
 
 def payload_record(payload: bytes) -> dict[str, Any]:

@@ -147,6 +147,11 @@ class SeedGenerator:
     def state(self) -> dict[str, Any]:
         return {"shared": self.shared.state(), "shard": self.shard.state()}
 
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` (what :meth:`state` returned, here or on another rank)."""
+        self.shared = PhiloxEngine.from_state(state["shared"])
+        self.shard = PhiloxEngine.from_state(state["shard"])
+
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> SeedGenerator:
         return cls(0, _engines=(PhiloxEngine.from_state(state["shared"]),

@@ -9,6 +9,7 @@ EXPECTED = [
     "CorruptSnapshotError",
     "DataLoader2",
     "DataLoader2Iterator",
+    "DistributedReadingService",
     "EmptySnapshotError",
     "ExecutionError",
     "ForeignFileError",
@@ -23,6 +24,7 @@ EXPECTED = [
     "RestoreError",
     "RestoreStrategy",
     "SeedGenerator",
+    "SequentialReadingService",
     "SerializationError",
     "ShardingError",
     "SignatureError",
@@ -39,6 +41,7 @@ EXPECTED = [
     "capture",
     "load",
     "read_manifest",
+    "register_state_hook",
     "restore",
     "save",
 ]

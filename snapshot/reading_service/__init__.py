@@ -2,8 +2,10 @@
 
 from snapshot.reading_service._engine import GlobalRNG
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceState
+from snapshot.reading_service.distributed import DistributedReadingService
 from snapshot.reading_service.in_process import InProcessReadingService
 from snapshot.reading_service.multiprocessing import MultiProcessingReadingService
+from snapshot.reading_service.sequential import SequentialReadingService
 
-__all__ = ["GlobalRNG", "InProcessReadingService", "MultiProcessingReadingService", "ReadingServiceInterface",
-           "ServiceState"]
+__all__ = ["DistributedReadingService", "GlobalRNG", "InProcessReadingService", "MultiProcessingReadingService",
+           "ReadingServiceInterface", "SequentialReadingService", "ServiceState"]

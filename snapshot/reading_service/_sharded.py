@@ -206,6 +206,12 @@ class ShardedService(ReadingServiceInterface):
             raise RuntimeError("initialize() must be called before iterating")
         return self._executor, self._graph
 
+    def progress(self) -> tuple[int, bool]:
+        """Samples this service yielded in the epoch, and whether its shards are all exhausted."""
+        if self._merge is None:
+            return 0, False
+        return sum(self._merge.consumed.values()), len(self._merge.exhausted) == len(self._merge.shards)
+
     def stream(self) -> Iterator[Any]:
         """The current epoch's merged stream."""
         return self._merge if self._merge is not None else iter(())

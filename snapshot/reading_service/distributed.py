@@ -1,0 +1,301 @@
+"""Read across ranks of ``torch.distributed``; save and restore snapshots collectively.
+
+The L logical shards are dealt to ranks (shard s to rank s % R); each rank runs its share
+through its executor (in-process, or worker processes with
+``SequentialReadingService(DistributedReadingService(), MultiProcessingReadingService(n))``),
+so each rank's stream is its deterministic share of the one stream the seed defines. Rank 0's
+seeds are shared at every epoch.
+
+Snapshots are collective: ``save_snapshot(directory)`` has every rank write its part and rank 0
+the manifest, and the directory appears atomically; ``state_dict()`` gathers every rank's part
+(so ``torch.distributed.checkpoint`` keeps one copy). A snapshot from R ranks x W workers restores
+onto R' x W' whenever the saved logical shards allow it, each logical shard continuing exactly
+where it stopped, so nothing is lost or repeated over the rest of the epoch.
+
+Every collective runs on a gloo group created with ``timeout``; a rank that dies or hangs turns
+into a :class:`~snapshot.RankError` on the others within that time.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from snapshot import _directory, format
+from snapshot.capture import distributed_manifest, part_info
+from snapshot.errors import LayoutError, RankError, ShardingError, SnapshotError
+from snapshot.graph import Graph
+from snapshot.randomness import SeedGenerator
+from snapshot.reading_service._sharded import ShardedService, resolve_logical_shards
+from snapshot.reading_service.base import ReadingServiceInterface, ServiceState
+from snapshot.reading_service.in_process import InProcessReadingService
+from snapshot.restore import RestoreStrategy
+from snapshot.sharding import analyze
+
+__all__ = ["Collective", "DistributedReadingService"]
+
+EVEN_BATCHES = (None, "drop", "pad")
+
+
+class Collective:
+    """The loader's collective operations on its own gloo group, with a timeout."""
+
+    def __init__(self, group: Any, rank: int, world: int, timeout: float):
+        self.group = group
+        self.rank = rank
+        self.world = world
+        self.timeout = timeout
+
+    def _run(self, what: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except (RuntimeError, dist.DistBackendError) as exc:
+            raise RankError(
+                f"rank {self.rank} of {self.world}: {what} failed: another rank died, hung for more than "
+                f"{self.timeout:g} s, or left the group ({type(exc).__name__}: {str(exc).splitlines()[0]}). "
+                "Stop every rank and restore from the last complete snapshot."
+            ) from exc
+
+    def all_gather(self, value: Any, what: str) -> list[Any]:
+        out: list[Any] = [None] * self.world
+        self._run(what, lambda: dist.all_gather_object(out, value, group=self.group))
+        return out
+
+    def broadcast(self, value: Any, what: str) -> Any:
+        box = [value if self.rank == 0 else None]
+        self._run(what, lambda: dist.broadcast_object_list(box, src=0, group=self.group))
+        return box[0]
+
+    def all_reduce_min(self, value: int, what: str) -> int:
+        tensor = torch.tensor([value], dtype=torch.int64)
+        self._run(what, lambda: dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=self.group))
+        return int(tensor.item())
+
+    def all_reduce_max(self, value: int, what: str) -> int:
+        tensor = torch.tensor([value], dtype=torch.int64)
+        self._run(what, lambda: dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group))
+        return int(tensor.item())
+
+    def barrier(self, what: str) -> None:
+        self.all_gather(None, what)
+
+    # -- snapshot directories -------------------------------------------------------------
+
+    def save_directory(self, part: bytes, manifest: dict[str, Any], dest: Any, key: bytes | str | None) -> None:
+        """Each rank writes ``part``; rank 0 writes the global manifest and swaps the directory in."""
+        token = self.broadcast(uuid.uuid4().hex[:12], "agreeing on a snapshot directory")
+        error = None
+        directory = ""
+        try:
+            directory = _directory.staging(os.fspath(dest), token)
+            format.atomic_write(os.path.join(directory, _directory.part_name(self.rank)), part)
+        except OSError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        info = {**part_info(self.rank, manifest, part), "error": error}
+        infos = self.all_gather(info, "writing the parts of a snapshot")
+        failed = [i for i in infos if i["error"]]
+        if failed:
+            raise RankError("the snapshot was not written (the previous one is intact): " +
+                            "; ".join(f"rank {i['rank']} could not write its part: {i['error']}" for i in failed))
+        if self.rank == 0:
+            try:
+                format.atomic_write(os.path.join(directory, _directory.MANIFEST),
+                                    format.pack(distributed_manifest(infos), b"", key=key))
+                _directory.commit(os.fspath(dest), directory)
+                error = None
+            except (OSError, SnapshotError) as exc:
+                error = f"{type(exc).__name__}: {exc}"
+        done = self.broadcast(error, "publishing a snapshot")
+        if done is not None:
+            raise RankError(f"the snapshot was not published (the previous one is intact): rank 0: {done}")
+
+
+class DistributedReadingService(ReadingServiceInterface):
+    """Share the logical shards among the ranks of the default process group.
+
+    Args:
+        timeout: seconds any collective of the loader may take (gloo group timeout).
+        logical_shards: L (default: ranks x workers per rank). Fixed by the first run.
+        even_batches: ``None`` (each rank yields its share), ``"drop"`` (every rank stops as
+            soon as one runs out, dropping the others' remainders) or ``"pad"`` (ranks that run
+            out repeat their last sample until all are done) so that every rank yields the same
+            number of batches and collectives in the training step do not hang. Both cost one
+            tiny all-reduce per sample.
+        executor: runs this rank's shards (default :class:`InProcessReadingService`);
+            ``SequentialReadingService(DistributedReadingService(), MultiProcessingReadingService(n))``
+            sets it.
+    """
+
+    def __init__(self, timeout: float = 1800.0, *, logical_shards: int | None = None,
+                 even_batches: str | None = None, executor: ShardedService | None = None):
+        if not dist.is_available():
+            raise RuntimeError("torch.distributed is not available in this build of torch")
+        if even_batches not in EVEN_BATCHES:
+            raise ValueError(f"even_batches must be one of {EVEN_BATCHES}, got {even_batches!r}")
+        if timeout <= 0:
+            raise ValueError("timeout must be > 0 seconds: every collective has a limit")
+        self.timeout = float(timeout)
+        self.logical_shards = logical_shards
+        self.even_batches = even_batches
+        self.executor: ShardedService = executor if executor is not None else InProcessReadingService()
+        self._collective: Collective | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_collective"] = None
+        return state
+
+    @property
+    def collective(self) -> Collective | None:
+        return self._collective
+
+    def _connect(self) -> Collective:
+        if self._collective is None:
+            if not dist.is_initialized():
+                raise RankError(
+                    "torch.distributed is not initialized: call torch.distributed.init_process_group() first "
+                    "(torchrun and most launchers set the environment it reads)")
+            group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.timeout))
+            self._collective = Collective(group, dist.get_rank(), dist.get_world_size(), self.timeout)
+        return self._collective
+
+    def owned(self, count: int) -> list[int]:
+        collective = self._connect()
+        return [shard for shard in range(count) if shard % collective.world == collective.rank]
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def initialize(self, datapipe: Any) -> Iterator[Any] | _Output:
+        collective = self._connect()
+        datapipe = self.executor._prepare(datapipe)
+        graph = Graph(datapipe)
+        topology = analyze(graph)
+        mine = {"fingerprint": graph.fingerprint, "workers": self.executor.workers,
+                "logical_shards": self.logical_shards or self.executor.logical_shards}
+        infos = collective.all_gather(mine, "checking that every rank has the same graph")
+        different = [r for r, info in enumerate(infos) if info["fingerprint"] != infos[0]["fingerprint"]]
+        if different:
+            raise RankError(f"ranks {different} built a different graph than rank 0 (graph fingerprints "
+                            "differ): every rank must build the same graph")
+        requested = infos[0]["logical_shards"]
+        default = collective.world * max(int(infos[0]["workers"]), 1)
+        if not topology.sharded and collective.world > 1:
+            raise ShardingError(
+                f"the graph has no sharding point, so its {collective.world} ranks would each read the whole "
+                "dataset: add .sharding_filter() where samples may be split")
+        count = resolve_logical_shards(requested, topology, default)
+        if collective.world > count:
+            raise LayoutError(f"{collective.world} ranks cannot share {count} logical shard(s); "
+                              f"use logical_shards >= {collective.world} on a first run")
+        self.executor.configure(datapipe, count, self.owned(count))
+        return _Output(self)
+
+    def initialize_iteration(
+        self, seed_generator: SeedGenerator, iter_reset_fn: Callable[[Any], Any] | None = None
+    ) -> Callable[[Any], Any] | None:
+        collective = self._connect()
+        seed_generator.set_state(collective.broadcast(seed_generator.state(), "sharing the epoch's seeds"))
+        return self.executor.initialize_iteration(seed_generator, iter_reset_fn)
+
+    def finalize_iteration(self) -> None:
+        self.executor.finalize_iteration()
+
+    def finalize(self) -> None:
+        self.executor.finalize()
+
+    # -- checkpoint / restore -----------------------------------------------------------------
+
+    def checkpoint(self) -> ServiceState:
+        state = self.executor.checkpoint()
+        if state:
+            collective = self._connect()
+            state["service"] = type(self).__name__
+            state["layout"] = {**state["layout"], "ranks": collective.world, "rank": collective.rank}
+        return state
+
+    def validate(self, state: ServiceState) -> list[str]:
+        problems = self.executor.validate(state)
+        collective = self._connect()
+        count = int(state["layout"]["logical_shards"])
+        if collective.world > count:
+            problems.append(f"the snapshot has {count} logical shard(s), which cannot be shared by "
+                            f"{collective.world} ranks; use at most {count} ranks")
+        else:
+            fewest = count // collective.world
+            workers = self.executor.workers
+            if workers > fewest:
+                problems.append(f"with {collective.world} ranks, some rank gets {fewest} of the {count} logical "
+                                f"shards, which cannot keep {workers} workers per rank busy; use at most {fewest}")
+        return problems
+
+    def restore(self, datapipe: Any, state: ServiceState, *, strategy: Any = RestoreStrategy.AUTO) -> _Output:
+        if not state:
+            if self.executor._executor is None:
+                self.initialize(datapipe)
+            return _Output(self)
+        count = int(state["layout"]["logical_shards"])
+        if self.executor._executor is None:
+            datapipe = self.executor._prepare(datapipe)
+        self.executor.restore(datapipe, state, strategy=strategy, shards=self.owned(count))
+        return _Output(self)
+
+    def progress(self) -> tuple[int, bool]:
+        return self.executor.progress()
+
+    def stream(self) -> Iterator[Any]:
+        local = self.executor.stream()
+        if self.even_batches is None:
+            return local
+        return _EvenBatches(local, self._connect(), self.even_batches)
+
+
+class _EvenBatches(Iterator[Any]):
+    """Every rank yields the same number of samples (see ``even_batches``)."""
+
+    def __init__(self, local: Iterator[Any], collective: Collective, policy: str):
+        self.local = local
+        self.collective = collective
+        self.policy = policy
+        self.last: Any = None
+        self.done = False
+
+    def __iter__(self) -> _EvenBatches:
+        return self
+
+    def __next__(self) -> Any:
+        if self.done:
+            raise StopIteration
+        try:
+            item, has = next(self.local), 1
+        except StopIteration:
+            item, has = None, 0
+        if self.policy == "drop":
+            everyone = self.collective.all_reduce_min(has, "agreeing on the end of the epoch")
+            if not everyone:
+                self.done = True
+                raise StopIteration
+            return item
+        anyone = self.collective.all_reduce_max(has, "agreeing on the end of the epoch")
+        if not anyone:
+            self.done = True
+            raise StopIteration
+        if has:
+            self.last = item
+            return item
+        if self.last is None:
+            raise RankError(f"rank {self.collective.rank} has no sample at all to pad its share with")
+        return self.last
+
+
+class _Output:
+    def __init__(self, service: DistributedReadingService):
+        self._service = service
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._service.stream()

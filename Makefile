@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench venv clean
+.PHONY: demo test lint typecheck unit bench docs venv clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,9 @@ test: lint typecheck unit
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks all
+
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

@@ -84,10 +84,60 @@ def _culprit(graph: Any) -> str:
     return "the graph cannot be pickled"
 
 
+class _ByValueClasses:
+    """While pickling, make DataPipe classes that dill pickles by value rebuild correctly.
+
+    dill pickles a class defined in ``__main__`` (a script, a notebook) by value, and the
+    copy goes through torch's DataPipe metaclass again. Two things go wrong unless fixed for
+    the duration of the dump:
+
+    - dill rebuilds the class from ``__orig_bases__`` when it has one, and such a class
+      inherits ``IterDataPipe.__orig_bases__`` (``IterableDataset[T]``): the copy would lose
+      its ``IterDataPipe`` base. It gets ``__orig_bases__ = __bases__``.
+    - its ``__iter__``, ``__next__`` and ``reset`` are already wrapped by torch; the
+      metaclass would wrap them a second time (every ``iter()`` then invalidates itself).
+      dill is shown the unwrapped functions.
+    """
+
+    _WRAPPED = ("__iter__", "__next__", "reset")
+
+    def __init__(self, datapipe: Any):
+        self.classes: list[type] = []
+        for node in Graph(datapipe):
+            cls = type(node.datapipe)
+            if cls.__module__ == "__main__" and cls not in self.classes:
+                self.classes.append(cls)
+        self._saved: list[tuple[type, str, Any]] = []
+
+    def __enter__(self) -> None:
+        for cls in self.classes:
+            if "__orig_bases__" not in vars(cls) and getattr(cls, "__orig_bases__", None) is not None:
+                self._saved.append((cls, "__orig_bases__", _ABSENT))
+                cls.__orig_bases__ = cls.__bases__  # type: ignore[attr-defined]
+            for name in self._WRAPPED:
+                method = vars(cls).get(name)
+                original = getattr(method, "__wrapped__", None)
+                if original is not None:
+                    self._saved.append((cls, name, method))
+                    setattr(cls, name, original)
+
+    def __exit__(self, *exc: Any) -> None:
+        for cls, name, value in reversed(self._saved):
+            if value is _ABSENT:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, value)
+        self._saved.clear()
+
+
+_ABSENT = object()
+
+
 def dumps_graph(datapipe: Any) -> bytes:
     """Pickle a DataPipe graph with dill, naming the pipe that fails."""
     try:
-        return _DILL + dill.dumps(datapipe, protocol=pickle.HIGHEST_PROTOCOL)
+        with _ByValueClasses(datapipe):
+            return _DILL + dill.dumps(datapipe, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:
         detail = _culprit(Graph(datapipe))
         raise SerializationError(

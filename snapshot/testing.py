@@ -214,6 +214,16 @@ def assert_resumes_exactly(
 
     Raises:
         AssertionError: naming the cut, the strategy and the first differing sample.
+
+    Examples:
+        >>> from torch.utils.data.datapipes.iter import IterableWrapper
+        >>> def make_graph():
+        ...     return IterableWrapper(range(20)).shuffle(buffer_size=5).batch(3)
+        >>> report = assert_resumes_exactly(make_graph, epochs=2, strategies=("state", "fast_forward"))
+        >>> report.epoch_lengths
+        [7, 7]
+        >>> len(report.cuts) >= 7
+        True
     """
     from snapshot import save
 

@@ -212,3 +212,41 @@ def test_strategy_names_are_checked() -> None:
     snap = dl.save_snapshot()
     with pytest.raises(ValueError, match="unknown restore strategy 'fastest'"):
         snapshot.DataLoader2(graphs.linear()).restore_snapshot(snap, strategy="fastest")
+
+
+def test_pipes_defined_in_a_script_or_notebook(tmp_path) -> None:
+    """Classes in ``__main__`` are pickled by value; their copies must keep working."""
+    import subprocess
+    import sys
+    import textwrap
+
+    snap = tmp_path / "main.snap"
+    script = textwrap.dedent(f"""
+        import snapshot
+        from torch.utils.data import IterDataPipe
+        from torch.utils.data.datapipes.iter import IterableWrapper
+
+        class Doubler(IterDataPipe):
+            def __init__(self, dp):
+                self.dp = dp
+            def __iter__(self):
+                for x in self.dp:
+                    yield 2 * x
+
+        loader = snapshot.DataLoader2(Doubler(IterableWrapper(range(9)).shuffle()).batch(2))
+        loader.seed(5)
+        it = iter(loader)
+        print(next(it))
+        loader.save_snapshot({str(snap)!r})
+        print(list(it))
+        print(list(snapshot.DataLoader2.from_snapshot({str(snap)!r})))
+    """)
+    first = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    head, rest, restored_here = first.stdout.splitlines()
+    assert rest == restored_here
+    elsewhere = subprocess.run(
+        [sys.executable, "-c", f"import snapshot; print(list(snapshot.DataLoader2.from_snapshot({str(snap)!r})))"],
+        capture_output=True, text=True, timeout=120)
+    assert elsewhere.returncode == 0, elsewhere.stderr
+    assert elsewhere.stdout.strip() == rest

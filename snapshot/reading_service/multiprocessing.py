@@ -288,9 +288,9 @@ class MultiProcessingReadingService(ShardedService):
         timeout: seconds to wait for a worker before raising :class:`~snapshot.WorkerError`.
         global_rng: see :class:`~snapshot.GlobalRNG` (default: each logical shard has its own
             ``random``/``numpy``/``torch`` generator states, saved in snapshots).
-        worker_prefetch_cnt, main_prefetch_cnt: torchdata 0.9's names; the first sets
-            ``prefetch_factor``, the second is not needed (samples queue in the pipes) and is
-            ignored with a warning.
+        worker_prefetch_cnt: torchdata 0.9's name for ``prefetch_factor``.
+        main_prefetch_cnt: torchdata 0.9's main-process prefetch; not needed (samples queue in
+            the pipes) and ignored with a warning.
     """
 
     def __init__(

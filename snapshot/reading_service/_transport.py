@@ -1,22 +1,26 @@
-"""Messages between worker and main processes, with array data sent out of band.
+"""Messages from workers to the main process, with array data sent out of band.
 
 Samples are pickled with protocol 5; the bytes of CPU tensors and numpy arrays are not
 copied into the pickle but written to the pipe straight from their memory, and read on the
-other side into fresh writable buffers that the rebuilt arrays and tensors use directly.
-A 1 MiB batch then crosses with one copy instead of three. Everything else pickles as usual.
+other side (``os.readv``) straight into fresh writable buffers that the rebuilt arrays and
+tensors use directly: a batch crosses with the one copy the kernel makes. A message is an
+8-byte length, the pickle with a header of buffer sizes, then the buffers.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import pickle
+import queue
 import struct
+import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
 
-__all__ = ["receive", "send"]
+__all__ = ["Sender", "receive", "send"]
 
 _COUNT = struct.Struct("<I")
 _SIZE = struct.Struct("<Q")
@@ -38,30 +42,86 @@ _NO_NUMPY = {torch.bfloat16, torch.complex32, torch.float8_e4m3fn, torch.float8_
              torch.uint64}
 
 
-def send(connection: Connection, message: Any) -> None:
-    """Send ``message``; array buffers follow the pickle without being copied into it."""
+def encode(message: Any) -> list[Any]:
+    """The frames of ``message``: length + pickle (with a header of buffer sizes), then each buffer.
+
+    Raises the pickling error here, in the caller, before anything is sent.
+    """
     buffers: list[pickle.PickleBuffer] = []
     out = io.BytesIO()
     _Pickler(out, protocol=5, buffer_callback=buffers.append).dump(message)
     views = [b.raw() for b in buffers]
     header = _COUNT.pack(len(views)) + b"".join(_SIZE.pack(v.nbytes) for v in views)
-    connection.send_bytes(header + out.getbuffer())
-    for view in views:
-        connection.send_bytes(view)
+    body = header + out.getbuffer()
+    return [_SIZE.pack(len(body)) + body, *views]
+
+
+def _write_all(fd: int, data: Any) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _read_exact(fd: int, size: int) -> bytearray:
+    buffer = bytearray(size)
+    view = memoryview(buffer)
+    while view:
+        got = os.readv(fd, [view])
+        if got == 0:
+            raise EOFError("the other process closed the connection")
+        view = view[got:]
+    return buffer
+
+
+def send(connection: Connection, message: Any) -> None:
+    """Send ``message`` on a pipe whose other end reads with :func:`receive`."""
+    fd = connection.fileno()
+    for frame in encode(message):
+        _write_all(fd, frame)
 
 
 def receive(connection: Connection) -> Any:
-    """Inverse of :func:`send`."""
-    first = connection.recv_bytes()
-    (count,) = _COUNT.unpack_from(first)
-    sizes = [_SIZE.unpack_from(first, _COUNT.size + i * _SIZE.size)[0] for i in range(count)]
-    body = memoryview(first)[_COUNT.size + count * _SIZE.size:]
-    buffers = []
-    for size in sizes:
-        buffer = bytearray(size)
-        if size:
-            connection.recv_bytes_into(buffer)
-        else:
-            connection.recv_bytes()
-        buffers.append(buffer)
-    return pickle.loads(body, buffers=buffers)
+    """Inverse of :func:`send`: one message, its array buffers read in place."""
+    fd = connection.fileno()
+    (length,) = _SIZE.unpack(_read_exact(fd, _SIZE.size))
+    body = _read_exact(fd, length)
+    (count,) = _COUNT.unpack_from(body)
+    sizes = [_SIZE.unpack_from(body, _COUNT.size + i * _SIZE.size)[0] for i in range(count)]
+    buffers = [_read_exact(fd, size) for size in sizes]
+    return pickle.loads(memoryview(body)[_COUNT.size + count * _SIZE.size:], buffers=buffers)
+
+
+class Sender:
+    """Sends messages from a background thread, so that the caller keeps computing while a
+    large message drains through the pipe (the role of ``multiprocessing.Queue``'s feeder).
+
+    Messages go out in the order :meth:`send` was called. A message that cannot be pickled
+    raises in the caller.
+    """
+
+    def __init__(self, connection: Connection):
+        self.connection = connection
+        self._fd = connection.fileno()
+        self._queue: queue.SimpleQueue[list[Any] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="snapshot-sender", daemon=True)
+        self._thread.start()
+
+    def send(self, message: Any) -> None:
+        self._queue.put(encode(message))
+
+    def _run(self) -> None:
+        while True:
+            frames = self._queue.get()
+            if frames is None:
+                return
+            try:
+                for frame in frames:
+                    _write_all(self._fd, frame)
+            except OSError:
+                return  # the main process is gone
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Send what is queued, then stop the thread."""
+        self._queue.put(None)
+        self._thread.join(timeout)

@@ -47,21 +47,26 @@ def describe_error(exc: BaseException) -> dict[str, Any]:
     }
 
 
-def _send(results: Connection, message: tuple[Any, ...]) -> None:
-    transport.send(results, message)
-
-
 def run_worker(requests: Connection, results: Connection, setup: bytes, parent: int) -> None:
     """Entry point of a worker process."""
     import torch
 
     torch.set_num_threads(1)
+    sender = transport.Sender(results)
+    try:
+        _serve(requests, sender, setup, parent)
+    finally:
+        sender.close()
+
+
+def _serve(requests: Connection, sender: transport.Sender, setup: bytes, parent: int) -> None:
     from snapshot.graph import Graph
     from snapshot.randomness import EpochSeeds
     from snapshot.reading_service._engine import ShardEngine
     from snapshot.restore import RestoreStrategy
     from snapshot.sharding import analyze
 
+    _send = sender.send
     config = _serialization.loads(setup, what="worker set-up")
     template = config["graph"]
     graph = Graph(_serialization.loads_graph(template))
@@ -70,7 +75,7 @@ def run_worker(requests: Connection, results: Connection, setup: bytes, parent: 
                              config["shards"], worker=config["worker"], init_fn=config["init_fn"],
                              global_rng=config["global_rng"], protect_caller_rng=False)
     except BaseException as exc:  # noqa: BLE001 - reported to the main process, which raises it
-        _send(results, ("fatal", describe_error(exc)))
+        _send(("fatal", describe_error(exc)))
         return
     epoch = None
     while True:
@@ -90,17 +95,17 @@ def run_worker(requests: Connection, results: Connection, setup: bytes, parent: 
             try:
                 item = engine.next(shard)
             except StopIteration:
-                _send(results, ("end", tag, shard))
+                _send(("end", tag, shard))
                 continue
             except BaseException as exc:  # noqa: BLE001 - sent to the main process
-                _send(results, ("error", tag, shard, describe_error(exc)))
+                _send(("error", tag, shard, describe_error(exc)))
                 continue
             try:
-                _send(results, ("item", tag, shard, item))
+                _send(("item", tag, shard, item))
             except (pickle.PicklingError, TypeError, AttributeError) as exc:
                 error = TypeError(f"a sample of logical shard {shard} cannot be pickled to send it to the main "
                                   f"process: {type(exc).__name__}: {exc}")
-                _send(results, ("error", tag, shard, describe_error(error)))
+                _send(("error", tag, shard, describe_error(error)))
         elif kind in ("start", "restore"):
             tag = message[1]
             try:
@@ -112,17 +117,17 @@ def run_worker(requests: Connection, results: Connection, setup: bytes, parent: 
                     engine.start(seeds, state, RestoreStrategy.parse(message[4]))
             except BaseException as exc:  # noqa: BLE001 - a failed restore is the main process's error
                 epoch = None
-                _send(results, ("failed", tag, describe_error(exc)))
+                _send(("failed", tag, describe_error(exc)))
                 continue
             epoch = tag
-            _send(results, ("ready", tag))
+            _send(("ready", tag))
         elif kind == "capture":
             try:
                 state = _serialization.dumps(engine.capture(), what="worker state")
             except BaseException as exc:  # noqa: BLE001
-                _send(results, ("failed", message[1], describe_error(exc)))
+                _send(("failed", message[1], describe_error(exc)))
                 continue
-            _send(results, ("state", message[1], state))
+            _send(("state", message[1], state))
         elif kind == "stop":
             engine.close()
             return

@@ -10,6 +10,7 @@ buffered samples), and optionally the pickled graph and reading-service configur
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import json
 import platform
@@ -66,15 +67,20 @@ def _fingerprint(value: Any) -> str:
     return hashlib.sha256(repr(value).encode()).hexdigest()[:12]
 
 
-def _versions() -> dict[str, str]:
-    versions = {"snapshot": __version__, "torch": str(torch.__version__),
-                "python": platform.python_version()}
+@functools.lru_cache(maxsize=1)
+def _installed_versions() -> tuple[tuple[str, str], ...]:
+    """Package versions, read once per process (reading package metadata costs milliseconds)."""
+    versions = {"snapshot": __version__, "torch": str(torch.__version__), "python": platform.python_version()}
     for package in ("dill", "torchdata"):
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             pass
-    return versions
+    return tuple(versions.items())
+
+
+def _versions() -> dict[str, str]:
+    return dict(_installed_versions())
 
 
 def _map_nodes(service: Mapping[str, Any], convert: Any) -> dict[str, Any]:

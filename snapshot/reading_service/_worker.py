@@ -13,9 +13,10 @@ Protocol (main -> worker, over ``requests``; every reply on ``results``):
 ``("stop",)``                              exit
 =========================================  ===============================================
 
-Replies are pickled here (a sample that cannot be pickled becomes an ``error``), and sent
-in request order, so a ``state`` reply follows every sample produced before it. A worker
-whose parent dies exits within a second.
+Replies are pickled here (a sample that cannot be pickled becomes an ``error``) and sent in
+the order they were made, so a ``state`` reply follows every sample produced before it. A
+``capture`` is served before the ``next`` requests queued ahead of it (those samples are
+simply produced after the snapshot). A worker whose parent dies exits within a second.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import os
 import pickle
 import traceback
+from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -45,6 +47,18 @@ def describe_error(exc: BaseException) -> dict[str, Any]:
         "node": getattr(exc, "_snapshot_node", None),
         "pickled": pickled,
     }
+
+
+def _next_message(pending: deque[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """The next request to handle: a ``capture`` goes before the ``next`` requests queued ahead
+    of it (so a snapshot waits for one sample at most), never before anything else."""
+    for index, message in enumerate(pending):
+        if message[0] == "capture":
+            del pending[index]
+            return message
+        if message[0] != "next":
+            break
+    return pending.popleft()
 
 
 def run_worker(requests: Connection, results: Connection, setup: bytes, parent: int) -> None:
@@ -78,15 +92,18 @@ def _serve(requests: Connection, sender: transport.Sender, setup: bytes, parent:
         _send(("fatal", describe_error(exc)))
         return
     epoch = None
+    pending: deque[tuple[Any, ...]] = deque()
     while True:
-        if not requests.poll(1.0):
+        if not pending and not requests.poll(1.0):
             if os.getppid() != parent:  # the main process is gone
                 return
             continue
         try:
-            message = pickle.loads(requests.recv_bytes())
+            while requests.poll(0):
+                pending.append(pickle.loads(requests.recv_bytes()))
         except EOFError:
             return
+        message = _next_message(pending)
         kind = message[0]
         if kind == "next":
             _, tag, shard = message

@@ -434,7 +434,8 @@ def from_state_dict(state: Any, *, source: str = "<state_dict>") -> Container:
             "the state dict lacks its 'manifest' JSON text or its 'payload' bytes", source=source,
         )
     manifest = _parse_manifest(manifest_text.encode("utf-8", "surrogatepass"), source)
-    recorded = manifest.get(PAYLOAD, {}).get("sha256")
+    record = manifest.get(PAYLOAD)
+    recorded = record.get("sha256") if isinstance(record, dict) else None
     if recorded != hashlib.sha256(payload).hexdigest():
         raise CorruptSnapshotError(
             "the payload checksum does not match the manifest: the state dict was altered; "

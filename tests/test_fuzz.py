@@ -258,10 +258,14 @@ def test_a_header_declaring_an_enormous_payload_is_refused_without_allocating(wo
         assert peak < 4 * len(data) + MEMORY_SLACK
 
 
-# -- the state-dict form --------------------------------------------------------------------
+# -- the state-dict form and the parts of a distributed snapshot ------------------------------
+
+manifest_texts = st.one_of(manifests.map(json.dumps), st.text(max_size=60), st.just('{"format": 1, "payload": 5}'))
+
 
 @FUZZ
-@given(manifest=st.one_of(manifests, st.dictionaries(st.text(max_size=5), st.binary(max_size=4), max_size=3)),
+@given(manifest=st.one_of(manifest_texts, manifests,
+                          st.dictionaries(st.text(max_size=5), st.binary(max_size=4), max_size=3)),
        payload=st.one_of(st.binary(max_size=32), st.none(), st.integers()),
        marker=st.one_of(st.just(1), json_values))
 def test_state_dicts(manifest: Any, payload: Any, marker: Any) -> None:
@@ -269,6 +273,17 @@ def test_state_dicts(manifest: Any, payload: Any, marker: Any) -> None:
     result = bounded(b"x" * 4096, lambda: fmt.from_state_dict(state))
     if isinstance(result, fmt.Container):
         assert result.manifest["format"] == fmt.FORMAT_VERSION
+
+
+@FUZZ
+@given(payload=st.binary(max_size=300), parts=st.lists(st.binary(max_size=40), max_size=4))
+def test_parts_of_a_distributed_payload(payload: bytes, parts: list[bytes]) -> None:
+    assert fmt.split_parts(fmt.join_parts(parts)) == parts
+    for data in (payload, fmt.join_parts(parts)[:-1] if parts else payload,
+                 struct.pack("<Q", 2**60) + payload):
+        result = bounded(data, lambda data=data: fmt.split_parts(data))
+        if isinstance(result, list):
+            assert sum(len(p) + 8 for p in result) == len(data)
 
 
 # -- the command line's reading of a manifest -------------------------------------------------

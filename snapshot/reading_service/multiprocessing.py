@@ -133,18 +133,16 @@ class WorkerPool:
                     "the graph's code?). The loader was stopped. Raise timeout= if one sample can take "
                     "that long.")
             ready = wait([worker.results, worker.process.sentinel], timeout=min(remaining, 1.0))
-            if worker.results in ready or worker.results.poll():
+            if worker.results in ready:
                 break
             if worker.process.sentinel in ready:
-                worker.process.join(1)
-                raise WorkerError(
-                    f"worker {worker.index} (pid {worker.process.pid}) exited unexpectedly "
-                    f"({_exit_reason(worker.process.exitcode)}) while the loader waited for {waiting_for}. "
-                    "Its logical shards cannot continue, and the loader was stopped: restore from your "
-                    "last snapshot (onto fewer workers, if this one keeps dying).")
+                raise self._died(worker, waiting_for)
         try:
             message = transport.receive(worker.results)
         except (EOFError, OSError) as exc:
+            worker.process.join(2)  # a dead worker's pipe reads as closed: say why it died
+            if worker.process.exitcode is not None:
+                raise self._died(worker, waiting_for) from exc
             raise WorkerError(f"worker {worker.index} (pid {worker.process.pid}) closed its connection "
                               f"while the loader waited for {waiting_for}") from exc
         kind = message[0]
@@ -162,6 +160,14 @@ class WorkerPool:
             raise self._error(message[1], worker, "while starting")
         else:
             self._control.setdefault(worker.index, deque()).append(message)
+
+    def _died(self, worker: _Worker, waiting_for: str) -> WorkerError:
+        worker.process.join(1)
+        return WorkerError(
+            f"worker {worker.index} (pid {worker.process.pid}) exited unexpectedly "
+            f"({_exit_reason(worker.process.exitcode)}) while the loader waited for {waiting_for}. "
+            "Its logical shards cannot continue, and the loader was stopped: restore from your "
+            "last snapshot (onto fewer workers, if this one keeps dying).")
 
     def _await(self, worker: _Worker, tag: int, what: str) -> tuple[Any, ...]:
         while True:

@@ -1,13 +1,13 @@
-"""``python -m benchmarks {restore,iterate,workers,all} [--json PATH] [--repeat N]``."""
+"""``python -m benchmarks {restore,iterate,workers,distributed,all} [--json PATH] [--repeat N]``."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from benchmarks import iterate, restore, workers
+from benchmarks import distributed, iterate, restore, workers
 
-SUITES = {"restore": restore.run, "iterate": iterate.run, "workers": workers.run}
+SUITES = {"restore": restore.run, "iterate": iterate.run, "workers": workers.run, "distributed": distributed.run}
 
 
 def main() -> None:

@@ -5,8 +5,9 @@ Graph (issue 4): 16 KiB samples with some CPU work each, batched by 64 and colla
     IterableWrapper(range(N)).shuffle(buffer_size=1000).sharding_filter().map(make_sample)
         .batch(64).collate()
 
-Measured side by side in one run, each loader reading whole epochs with 2 workers kept
-alive between epochs (``persistent_workers=True`` where the loader has the option):
+Measured side by side in one run, in interleaved rounds (each round rotates the order; the
+medians are reported), each loader reading two whole epochs with 2 workers kept alive
+between them (``persistent_workers=True`` where the loader has the option):
 
 - torch ``DataLoader(graph, batch_size=None, num_workers=2)``;
 - torchdata 0.9 ``DataLoader2`` with its ``MultiProcessingReadingService(num_workers=2)``;
@@ -19,6 +20,7 @@ fresh workers up to the first batch (process start included).
 
 from __future__ import annotations
 
+import gc
 import os
 import statistics
 import tempfile
@@ -58,19 +60,20 @@ def epoch_time(loader: Any) -> float:
     return elapsed
 
 
-def measure(make: Any, epochs: int) -> tuple[float, float]:
-    """(first epoch incl. worker start, median of the next epochs)."""
+def measure(make: Any) -> tuple[float, float]:
+    """(first epoch including the workers' start, the next epoch)."""
     loader = make()
     try:
         first = epoch_time(loader)
-        rest = [epoch_time(loader) for _ in range(epochs)]
+        warm = epoch_time(loader)
     finally:
         shutdown = getattr(loader, "shutdown", None)
         if shutdown is not None:
             shutdown()
         else:
             del loader
-    return first, statistics.median(rest)
+            gc.collect()
+    return first, warm
 
 
 def torch_loader() -> Any:
@@ -136,12 +139,16 @@ def run(repeat: int = 3, json_path: str | None = None) -> dict[str, Any]:
     torch.set_num_threads(1)
     contenders = {"torch DataLoader": torch_loader, "torchdata DataLoader2": torchdata_dl2,
                   "StatefulDataLoader": stateful_loader, "ours": ours}
-    times: dict[str, tuple[float, float]] = {}
-    for name, make in contenders.items():
-        try:
-            times[name] = measure(make, epochs=repeat)
-        except ImportError:
-            times[name] = (float("nan"), float("nan"))
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in contenders}
+    names = list(contenders)
+    for round_ in range(repeat):  # interleaved rounds, rotated, so drift hits everyone alike
+        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+            try:
+                samples[name].append(measure(contenders[name]))
+            except ImportError:
+                samples[name].append((float("nan"), float("nan")))
+    times = {name: (statistics.median(f for f, _ in runs), statistics.median(w for _, w in runs))
+             for name, runs in samples.items()}
     mine = times["ours"][1]
     rows = [[name, f"{first:6.2f} s", f"{warm:6.2f} s", f"{SAMPLES / warm:8.0f}/s", f"{warm / mine:5.2f}x"]
             for name, (first, warm) in times.items()]

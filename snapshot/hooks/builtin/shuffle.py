@@ -15,6 +15,16 @@ BUFFER = "buffer"
 DRAINING = "draining"
 
 
+def consume_seed(datapipe: Any, rng: random.Random) -> None:
+    """Seed ``rng`` with the pipe's seed and clear it, as the pipe's own ``reset()`` does
+    (without a seed, one is drawn from torch's global generator)."""
+    seed = datapipe._seed
+    if seed is None:
+        seed = int(torch.empty((), dtype=torch.int64).random_().item())
+    rng.seed(seed)
+    datapipe._seed = None
+
+
 class ShufflerIterator(ResumableIterator):
     """Fills a buffer of ``buffer_size``, then swaps each new sample with a random one.
 
@@ -30,11 +40,7 @@ class ShufflerIterator(ResumableIterator):
         self._draining = False
         self._rng = random.Random()
         if self._enabled:
-            seed = datapipe._seed
-            if seed is None:
-                seed = int(torch.empty((), dtype=torch.int64).random_().item())
-            self._rng.seed(seed)
-            datapipe._seed = None
+            consume_seed(datapipe, self._rng)
 
     def next(self) -> Any:
         if not self._enabled:

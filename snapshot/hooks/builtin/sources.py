@@ -1,10 +1,11 @@
-"""Sources: ``IterableWrapper`` and ``Sampler``, restored by position."""
+"""Sources restored by position: ``IterableWrapper`` and ``Sampler`` (and, in
+:mod:`.torchdata`, ``to_iter_datapipe``)."""
 
 from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from snapshot.hooks._base import ResumableIterator
@@ -13,30 +14,26 @@ from snapshot.hooks.builtin._skip import advance
 POSITION = "position"
 
 
-class IterableWrapperIterator(ResumableIterator):
-    """``IterableWrapper``: the wrapped iterable, deep-copied per epoch as the original does.
+class PositionedSource(ResumableIterator):
+    """A source whose state is how many samples it yielded: restored by advancing a fresh one.
 
-    Restoring a list, tuple, range, str or bytes jumps straight to the position; any other
-    iterable is re-created and advanced.
+    Subclasses say how to make the fresh iterable (:meth:`source`). Restoring a list, tuple,
+    range, str or bytes jumps straight to the position; any other iterable is advanced.
     """
+
+    what = "source"
 
     def __init__(self, datapipe: Any, inputs: Any):
         super().__init__(datapipe, inputs)
         self._it: Iterator[Any] | None = None
         self._start_at = 0
 
+    def source(self) -> Iterable[Any]:
+        raise NotImplementedError
+
     def _start(self) -> Iterator[Any]:
-        source = self.datapipe.iterable
-        if self.datapipe.deepcopy:
-            try:
-                source = copy.deepcopy(source)
-            except TypeError:
-                warnings.warn(
-                    "The input iterable can not be deepcopied, please be aware of in-place "
-                    "modification would affect source data.",
-                    stacklevel=2,
-                )
-        self._it = advance(iter(source), self._start_at, source=source, what="IterableWrapper's iterable")
+        source = self.source()
+        self._it = advance(iter(source), self._start_at, source=source, what=self.what)
         return self._it
 
     def next(self) -> Any:
@@ -53,27 +50,29 @@ class IterableWrapperIterator(ResumableIterator):
         self._start()  # position now, so that data shorter than the snapshot fails the restore
 
 
-class SamplerIterator(ResumableIterator):
-    """``Sampler``: the sampler's iterator, restored by advancing a fresh one."""
+class IterableWrapperIterator(PositionedSource):
+    """``IterableWrapper``: the wrapped iterable, deep-copied per epoch as the original does."""
 
-    def __init__(self, datapipe: Any, inputs: Any):
-        super().__init__(datapipe, inputs)
-        self._it: Iterator[Any] | None = None
-        self._start_at = 0
+    what = "IterableWrapper's iterable"
 
-    def _start(self) -> Iterator[Any]:
-        self._it = advance(iter(self.datapipe.sampler), self._start_at, what="sampler")
-        return self._it
+    def source(self) -> Iterable[Any]:
+        source = self.datapipe.iterable
+        if self.datapipe.deepcopy:
+            try:
+                source = copy.deepcopy(source)
+            except TypeError:
+                warnings.warn(
+                    "The input iterable can not be deepcopied, please be aware of in-place "
+                    "modification would affect source data.",
+                    stacklevel=2,
+                )
+        return source
 
-    def next(self) -> Any:
-        it = self._it
-        if it is None:
-            it = self._start()
-        return next(it)
 
-    def get_state(self) -> dict[str, Any]:
-        return {POSITION: self.yielded}
+class SamplerIterator(PositionedSource):
+    """``Sampler``: the sampler's own iteration."""
 
-    def set_state(self, state: dict[str, Any]) -> None:
-        self._start_at = int(state[POSITION])
-        self._start()
+    what = "sampler"
+
+    def source(self) -> Iterable[Any]:
+        return self.datapipe.sampler

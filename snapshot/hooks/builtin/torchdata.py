@@ -14,7 +14,6 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-import torch
 from torch.utils.data.datapipes.datapipe import DataChunk
 from torchdata.datapipes.iter import (
     BatchMapper,
@@ -37,6 +36,8 @@ from snapshot.hooks._base import ResumableIterator, Stateless
 from snapshot.hooks._registry import register_state_hook
 from snapshot.hooks.builtin._skip import advance
 from snapshot.hooks.builtin.files import open_stream
+from snapshot.hooks.builtin.shuffle import consume_seed
+from snapshot.hooks.builtin.sources import PositionedSource
 
 COUNT = "count"
 PENDING = "pending"
@@ -141,25 +142,16 @@ class IndexAdderIterator(Stateless):
         return row
 
 
-class MapToIterIterator(ResumableIterator):
+class MapToIterIterator(PositionedSource):
     """``to_iter_datapipe``: ``datapipe[i]`` for each index, restored by position."""
 
-    def __init__(self, datapipe: Any, inputs: Any):
-        super().__init__(datapipe, inputs)
-        self._indices: Iterator[Any] | None = None
-        self._start_at = 0
+    what = "indices"
+
+    def source(self) -> Any:
+        return self.datapipe.indices
 
     def next(self) -> Any:
-        if self._indices is None:
-            indices = self.datapipe.indices
-            self._indices = advance(iter(indices), self._start_at, source=indices, what="indices")
-        return self.datapipe.datapipe[next(self._indices)]
-
-    def get_state(self) -> dict[str, Any]:
-        return {"position": self.yielded}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self._start_at = int(state["position"])
+        return self.datapipe.datapipe[super().next()]
 
 
 class _Expanding(ResumableIterator):
@@ -291,11 +283,7 @@ class InBatchShufflerIterator(ResumableIterator):
         self._enabled = datapipe._enabled
         self._rng = random.Random()
         if self._enabled:
-            seed = datapipe._seed
-            if seed is None:
-                seed = int(torch.empty((), dtype=torch.int64).random_().item())
-            self._rng.seed(seed)
-            datapipe._seed = None
+            consume_seed(datapipe, self._rng)
 
     def next(self) -> Any:
         batch = next(self.inputs[0])

@@ -12,16 +12,16 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from snapshot import format as fmt
 from snapshot.cli._exit import EXIT_OK, EXIT_PROBLEM
 from snapshot.cli._inspect import describe_position
+from snapshot.cli._source import read
 from snapshot.cli._text import MAX_LISTED, count, more, table
 from snapshot.cli._view import NodeDesc, NodeTotals, View, read_view
 
 __all__ = ["Difference", "add_command", "compare", "render"]
 
-SECTIONS = ("position", "graph", "nodes", "randomness", "layout", "shards", "upstream", "plan", "versions",
-            "payload")
+SECTIONS = ("position", "graph", "nodes", "randomness", "layout", "shards", "ranks", "upstream", "plan",
+            "versions", "payload")
 _MISSING = "(none)"
 
 
@@ -99,16 +99,42 @@ def _mapping(section: str, a: dict[str, Any], b: dict[str, Any], prefix: str = "
 
 def _shards(a: View, b: View) -> list[Difference]:
     out = []
-    if len(a.shards) != len(b.shards):
-        out.append(Difference("shards", "logical shards recorded", len(a.shards), len(b.shards)))
-    for sa, sb in zip(a.shards, b.shards):
+    by_index_a, by_index_b = {s.index: s for s in a.shards}, {s.index: s for s in b.shards}
+    if list(by_index_a) != list(by_index_b):
+        recorded_a, recorded_b = list(by_index_a), list(by_index_b)
+        same_count = len(recorded_a) == len(recorded_b)
+        out.append(Difference("shards", "logical shards recorded", recorded_a if same_count else len(recorded_a),
+                              recorded_b if same_count else len(recorded_b)))
+    for index in [i for i in by_index_a if i in by_index_b]:
+        sa, sb = by_index_a[index], by_index_b[index]
         fields_a = {"yielded": sa.yielded, "in_flight": sa.in_flight, "exhausted": sa.exhausted, **sa.extra}
         fields_b = {"yielded": sb.yielded, "in_flight": sb.in_flight, "exhausted": sb.exhausted, **sb.extra}
-        out.extend(_mapping("shards", fields_a, fields_b, f"shard {sa.index} "))
+        out.extend(_mapping("shards", fields_a, fields_b, f"shard {index} "))
         drivers_a = "; ".join(f"replay {d.replay} samples of {d.path}" for d in sa.drivers) or "all from state"
         drivers_b = "; ".join(f"replay {d.replay} samples of {d.path}" for d in sb.drivers) or "all from state"
         if drivers_a != drivers_b:
-            out.append(Difference("plan", f"shard {sa.index}", drivers_a, drivers_b))
+            out.append(Difference("plan", f"shard {index}", drivers_a, drivers_b))
+    return out
+
+
+def _ranks(a: View, b: View) -> list[Difference]:
+    out = []
+    if len(a.ranks) != len(b.ranks):
+        out.append(Difference("ranks", "ranks recorded", len(a.ranks), len(b.ranks)))
+    for index, (ra, rb) in enumerate(zip(a.ranks, b.ranks)):
+        out.extend(_mapping("ranks", ra, rb, f"rank {ra.get('rank', index)} "))
+    return out
+
+
+def _payloads(a: View, b: View) -> list[Difference]:
+    out = []
+    if a.payload_sha256 != b.payload_sha256:
+        out.append(Difference("payload", "payload", a.payload_size, b.payload_size))
+    files_a, files_b = {p.file: p for p in a.part_files}, {p.file: p for p in b.part_files}
+    for name in dict.fromkeys([*files_a, *files_b]):
+        pa, pb = files_a.get(name), files_b.get(name)
+        if pa is None or pb is None or pa.sha256 != pb.sha256:
+            out.append(Difference("payload", name, pa.size if pa else None, pb.size if pb else None))
     return out
 
 
@@ -143,10 +169,10 @@ def compare(a: View, b: View) -> list[Difference]:
     out += _mapping("randomness", a.node_seeds, b.node_seeds, "derived seed of ")
     out += _mapping("layout", a.service, b.service)
     out += _shards(a, b)
+    out += _ranks(a, b)
     out += _upstream(a, b)
     out += _mapping("versions", a.versions, b.versions)
-    if a.payload_sha256 != b.payload_sha256:
-        out.append(Difference("payload", "payload", a.payload_size, b.payload_size))
+    out += _payloads(a, b)
     return out
 
 
@@ -204,9 +230,11 @@ def _section_lines(section: str, diffs: list[Difference], a: View, b: View) -> l
             lines += [f"  at {d.item}:", f"    in A: {_value(d.a)}", f"    in B: {_value(d.b)}"]
         return lines + more(len(diffs))
     if section == "payload":
-        return [f"Payload: different bytes ({_value(diffs[0].a)} → {_value(diffs[0].b)} bytes)"]
+        return [f"{'Payload' if d.item == 'payload' else d.item}: different bytes "
+                f"({_value(d.a)} → {_value(d.b)} bytes)" for d in diffs]
     title = {"randomness": "Randomness", "layout": "Reading service and layout", "shards": "Logical shards",
-             "upstream": "Above the sharding point", "plan": "Restore plan (auto)", "versions": "Versions"}[section]
+             "ranks": "Ranks", "upstream": "Above the sharding point", "plan": "Restore plan (auto)",
+             "versions": "Versions"}[section]
     rows = [[d.item, _value(d.a), _value(d.b)] for d in diffs[:MAX_LISTED]]
     return [f"{title}:", *table(["", "A", "B"], rows), *more(len(diffs))]
 
@@ -231,15 +259,16 @@ def render(a: View, b: View, diffs: list[Difference]) -> str:
             out.extend(_section_lines(section, by_section[section], a, b))
     if list(by_section) == ["payload"]:
         out.append("  The manifests agree, so node states or buffered samples differ.")
-    absent = {"nodes"} | (set() if a.upstream or b.upstream else {"upstream"})
+    absent = {"nodes"} | (set() if a.upstream or b.upstream else {"upstream"}) | (
+        set() if a.ranks or b.ranks else {"ranks"})
     same = [s for s in SECTIONS if s not in by_section and s not in absent]
     out.append(f"Same: {', '.join(same)}" if same else "")
     return "\n".join(out).rstrip()
 
 
 def run(args: argparse.Namespace) -> int:
-    a = read_view(fmt.read_manifest(args.a), args.a)
-    b = read_view(fmt.read_manifest(args.b), args.b)
+    a = read_view(read(args.a)[0], args.a)
+    b = read_view(read(args.b)[0], args.b)
     diffs = compare(a, b)
     if args.json:
         print(json.dumps({"a": args.a, "b": args.b, "same": not diffs,

@@ -13,9 +13,9 @@ import subprocess
 import sys
 from typing import Any
 
-from snapshot import format as fmt
 from snapshot.cli._exit import EXIT_INVALID, EXIT_UNAVAILABLE, CommandError
 from snapshot.cli._inspect import describe_position, summed
+from snapshot.cli._source import read
 from snapshot.cli._text import count, size
 from snapshot.cli._view import NodeTotals, View, read_view
 
@@ -133,7 +133,7 @@ def _render(dot_text: str, image_format: str) -> bytes:
 def run(args: argparse.Namespace) -> int:
     if args.format == "png" and args.output is None and sys.stdout.isatty():
         raise CommandError("PNG is binary: pass `-o FILE.png` or redirect the output", EXIT_INVALID)
-    view = read_view(fmt.read_manifest(args.file), args.file)
+    view = read_view(read(args.file)[0], args.file)
     text = to_dot(view)
     data = text.encode() if args.format == "dot" else _render(text, args.format)
     if args.output is not None:

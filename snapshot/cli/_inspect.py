@@ -8,6 +8,7 @@ from typing import Any
 
 from snapshot import format as fmt
 from snapshot.cli._exit import CommandError
+from snapshot.cli._source import read
 from snapshot.cli._text import count, size, table
 from snapshot.cli._view import NodeTotals, Router, Shard, View, read_view
 
@@ -33,7 +34,7 @@ def add_command(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    manifest = fmt.read_manifest(args.file)
+    manifest, _ = read(args.file)
     if args.json:  # as it is, even when it is not of the shape snapshot writes
         try:
             print(fmt.dumps_manifest(manifest))
@@ -137,6 +138,14 @@ def _randomness(view: View) -> list[str]:
     return lines
 
 
+def _cell(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return count(value)
+    return "-" if value is None else _compact(value, 40)
+
+
 def _shard_buffered(shard: Shard) -> int:
     return sum(p.buffered for p in shard.nodes.values())
 
@@ -152,6 +161,12 @@ def _service(view: View) -> list[str]:
                  *(_compact(s.extra[key], 40) if key in s.extra else "-" for key in extra)]
                 for s in view.shards]
         lines.extend(table(header, rows, right=[1, 2, 4, 5]))
+    if view.ranks:
+        keys = list(dict.fromkeys(key for rank in view.ranks for key in rank if key != "rank"))
+        rows = [[_compact(rank.get("rank", i)), *(_cell(rank.get(key)) for key in keys)]
+                for i, rank in enumerate(view.ranks)]
+        lines.extend(table(["rank", *(key.replace("_", " ") for key in keys)], rows,
+                           right=[i + 1 for i, key in enumerate(keys) if key in ("epoch", "yielded", "lookahead")]))
     if view.upstream:
         lines.append("  above the sharding point (a copy of that part of the graph per process):")
         extra = sorted({key for copy in view.upstream for key in copy.extra})
@@ -192,13 +207,20 @@ def _verification(view: View) -> str:
 
 def _sizes(view: View) -> list[str]:
     total = view.file_size
+    if view.part_files and total is not None:
+        total += sum(part.size for part in view.part_files)
     lines = [f"Size: {size(total)}" + (f" ({count(total)} bytes)" if total is not None else "")]
     rows = []
-    if total is not None and view.payload_size is not None:
-        rows.append(["manifest and header", count(total - view.payload_size), ""])
-    sha = f"sha256 {view.payload_sha256[:16]}…" if view.payload_sha256 else ""
-    rows.append(["payload", count(view.payload_size), sha])
-    rows.extend([f"  {part}", count(n), ""] for part, n in view.parts.items())
+    if view.part_files:
+        rows.append(["manifest.snap" if view.payload_size is None else "manifest", count(view.file_size), ""])
+        rows.extend([f"{part.file} (rank {part.rank})", count(part.size), f"sha256 {part.sha256[:16]}…"]
+                    for part in view.part_files)
+    elif view.file_size is not None and view.payload_size is not None:
+        rows.append(["manifest and header", count(view.file_size - view.payload_size), ""])
+    if view.payload_size is not None:
+        sha = f"sha256 {view.payload_sha256[:16]}…" if view.payload_sha256 else ""
+        rows.append(["payload", count(view.payload_size), sha])
+        rows.extend([f"  {part}", count(n), ""] for part, n in view.payload_parts.items())
     return lines + table(["part", "bytes", ""], rows, right=[1])
 
 
@@ -207,10 +229,14 @@ def render(view: View, *, full_paths: bool = False) -> str:
     graph = (f"Graph: {len(view.nodes)} nodes, fingerprint {view.fingerprint or '-'}, "
              + ("pickled graph included" if view.graph_included else "no pickled graph (rebuild it in code)"))
     graph += summed(view)
+    kind = f"distributed snapshot of {len(view.part_files)} parts" if view.part_files else "snapshot"
+    position = describe_position(view)
+    if view.ranks:
+        position = f"{position} (rank {_compact(view.ranks[0].get('rank', 0))}; every rank's below)"
     out = [
-        f"{view.source}: snapshot format {view.format}, created {view.created or 'at an unknown time'}",
+        f"{view.source}: {kind}, format {view.format}, created {view.created or 'at an unknown time'}",
         f"  written by  {versions}",
-        f"  position    {describe_position(view)}",
+        f"  position    {position}",
         "",
         graph,
         *table(["node" if full_paths else "node (edge from its parent)", "type", "yielded", "buffered",

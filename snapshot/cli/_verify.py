@@ -21,8 +21,9 @@ from typing import Any
 from snapshot import format as fmt
 from snapshot._version import __version__
 from snapshot.cli._exit import EXIT_INVALID, EXIT_OK, EXIT_PROBLEM, CommandError
+from snapshot.cli._source import Source, locate, part_path
 from snapshot.cli._text import MAX_LISTED, count, more
-from snapshot.cli._view import View, read_view
+from snapshot.cli._view import PartFile, View, read_view
 from snapshot.errors import CorruptSnapshotError, SignatureError, SnapshotFileError
 
 __all__ = ["Check", "add_command", "load_factory"]
@@ -183,18 +184,44 @@ def _payload(view: View, container: fmt.Container) -> Check:
                                 "not unpickled")
 
 
-def verify(path: str, key: bytes | str | None, key_source: str | None,
+def _part(source: Source, part: PartFile, key: bytes | str | None, key_source: str | None) -> Check:
+    """One rank's part of a distributed snapshot: present, as recorded, and sound on its own."""
+    label = f"rank {part.rank}"
+    path = part_path(source, part.file)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        return Check(label, FAIL, f"{part.file}: the manifest lists it, but it cannot be read ({exc.strerror})")
+    if len(data) != part.size or hashlib.sha256(data).hexdigest() != part.sha256:
+        return Check(label, FAIL, f"{part.file} is not the part the manifest records ({count(len(data))} bytes, "
+                                  f"recorded {count(part.size)}): the directory mixes parts of different saves, "
+                                  "or the part was altered")
+    try:
+        container = fmt.unpack(data, source=path, key=key)
+    except SnapshotFileError as exc:
+        return Check(label, FAIL, f"{part.file}: {_reason(exc, path)}")
+    signed = ("signature matches the key" if key_source is not None
+              else "signed (not checked: no key)" if container.signed else "not signed")
+    return Check(label, OK, f"{part.file}, {count(len(data))} bytes, as the manifest records; checksums match; "
+                            f"{signed}; not unpickled")
+
+
+def verify(source: Source, key: bytes | str | None, key_source: str | None,
            graph: tuple[str, Any] | None = None) -> list[Check]:
     """Every check, in order; a failed check stops those that depend on it.
 
     ``graph`` is ``(spec, datapipe)``: the graph built in code, to compare with the saved one.
+    A distributed snapshot's manifest is checked like a file, then every part it lists.
     """
+    path = source.manifest
     checks: list[Check] = []
     try:
         manifest = fmt.read_manifest(path)
     except SnapshotFileError as exc:
         return [Check("file", FAIL, _reason(exc, path))]
-    checks.append(Check("container", OK, f"a snapshot file, {count(manifest['_file']['size'])} bytes, "
+    what = f"the manifest of a distributed snapshot ({source.directory})" if source.directory else "a snapshot file"
+    checks.append(Check("container", OK, f"{what}, {count(manifest['_file']['size'])} bytes, "
                                          "sizes agree with the header"))
     checks.append(Check("manifest", OK, f"checksum matches, valid JSON, format {manifest['format']}"))
     try:
@@ -212,7 +239,12 @@ def verify(path: str, key: bytes | str | None, key_source: str | None,
         checks.append(Check("payload", FAIL, _reason(exc, path)))
     else:
         checks.append(_signature(container, key_source))
-        checks.append(_payload(view, container))
+        if not view.part_files:
+            checks.append(_payload(view, container))
+    if source.directory is not None:
+        if not view.part_files:
+            checks.append(Check("parts", FAIL, "the manifest lists no parts"))
+        checks.extend(_part(source, part, key, key_source) for part in view.part_files)
     checks.append(_versions(view))
     if graph is not None:
         checks.append(_graph(view, *graph))
@@ -246,11 +278,10 @@ def _report(path: str, checks: list[Check]) -> str:
 def run(args: argparse.Namespace) -> int:
     if not os.path.exists(args.file):
         raise CommandError(f"{args.file}: no such file", EXIT_INVALID)
-    if os.path.isdir(args.file):
-        raise CommandError(f"{args.file}: is a directory; pass the snapshot file inside it", EXIT_INVALID)
+    source = locate(args.file)  # a file, or a distributed snapshot's directory
     key, key_source = _key(args)
     graph = (args.graph, load_factory(args.graph)) if args.graph else None  # fail early on a bad factory
-    checks = verify(args.file, key, key_source, graph)
+    checks = verify(source, key, key_source, graph)
     failed = [c for c in checks if c.status == FAIL]
     if args.json:
         print(json.dumps({"file": args.file, "ok": not failed, "checks": [c.as_json() for c in checks]}, indent=2))

@@ -15,7 +15,8 @@ from typing import Any
 
 from snapshot.errors import CorruptSnapshotError
 
-__all__ = ["Driver", "NodeDesc", "NodeTotals", "Position", "Router", "Shard", "Upstream", "View", "read_view"]
+__all__ = ["Driver", "NodeDesc", "NodeTotals", "PartFile", "Position", "Router", "Shard", "Upstream", "View",
+           "read_view"]
 
 _REPLAY = "replay"
 
@@ -103,6 +104,16 @@ class Upstream:
 
 
 @dataclass(frozen=True)
+class PartFile:
+    """One rank's part of a distributed snapshot, as its manifest records it."""
+
+    rank: int
+    file: str
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
 class NodeTotals:
     """One node's figures summed over the logical shards."""
 
@@ -137,8 +148,11 @@ class View:
     verify: dict[str, Any] | None
     payload_size: int | None
     payload_sha256: str | None
-    parts: dict[str, int]
+    payload_parts: dict[str, int]
     file_size: int | None
+    #: A distributed snapshot: each rank's position, and the file that holds its part.
+    ranks: tuple[dict[str, Any], ...] = ()
+    part_files: tuple[PartFile, ...] = ()
     by_path: dict[str, NodeDesc] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -336,6 +350,17 @@ def _upstream(f: _Fields, index: int, value: Any) -> Upstream:
     )
 
 
+def _part_file(f: _Fields, index: int, value: Any) -> PartFile:
+    where = f"parts[{index}]"
+    part = f.mapping(value, where, optional=False)
+    name = f.text(part.get("file"), f"{where}.file")
+    if name in ("", ".", "..") or "/" in name or "\\" in name:
+        raise f.fail(f"{where}.file ({name!r})", "a file name in the snapshot's directory")
+    return PartFile(rank=f.count(part.get("rank"), f"{where}.rank"), file=name,
+                    sha256=f.text(part.get("sha256"), f"{where}.sha256"),
+                    size=f.count(part.get("size"), f"{where}.size"))
+
+
 def read_view(manifest: Mapping[str, Any], source: str) -> View:
     """Check ``manifest`` field by field and return what the commands render."""
     f = _Fields(source)
@@ -362,11 +387,16 @@ def read_view(manifest: Mapping[str, Any], source: str) -> View:
         graph_included=f.flag(graph.get("included"), "graph.included"),
         nodes=_nodes(f, graph),
         service=f.mapping(manifest.get("service"), "service"),
-        shards=tuple(_shard(f, i, s) for i, s in enumerate(f.sequence(manifest.get("shards"), "shards"))),
+        # a rank's own part holds some of the shards: the others are null
+        shards=tuple(_shard(f, i, s) for i, s in enumerate(f.sequence(manifest.get("shards"), "shards"))
+                     if s is not None),
         upstream=tuple(_upstream(f, i, u) for i, u in enumerate(f.sequence(manifest.get("upstream"), "upstream"))),
         verify=f.mapping(verify, "verify") or None,
         payload_size=f.integer(payload.get("size"), "payload.size", None),
         payload_sha256=f.string(payload.get("sha256"), "payload.sha256"),
-        parts=parts,
+        payload_parts=parts,
         file_size=f.integer(f.mapping(manifest.get("_file"), "_file").get("size"), "_file.size", None),
+        ranks=tuple(f.mapping(r, f"ranks[{i}]", optional=False)
+                    for i, r in enumerate(f.sequence(manifest.get("ranks"), "ranks"))),
+        part_files=tuple(_part_file(f, i, p) for i, p in enumerate(f.sequence(manifest.get("parts"), "parts"))),
     )

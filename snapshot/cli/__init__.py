@@ -5,10 +5,11 @@
     snapshot verify FILE [--key KEY | --key-file PATH] [--graph MODULE:FACTORY] [--json]
     snapshot graph FILE [--format dot|svg|png] [-o OUT]
 
-``inspect``, ``diff`` and ``graph`` read manifests only (see ``docs/format.md``): they never
-unpickle, so they are safe on files from anywhere and work where the graph's modules are not
-importable. ``verify`` reads the payload's bytes to check them, and unpickles nothing either;
-only ``--graph`` runs code, the factory you name.
+FILE is a snapshot file or a distributed run's directory (its manifest.snap is read, and
+verify checks every rank's part). ``inspect``, ``diff`` and ``graph`` read manifests only
+(see ``docs/format.md``): they never unpickle, so they are safe on files from anywhere and
+work where the graph's modules are not importable. ``verify`` reads the payload's bytes to
+check them, and unpickles nothing either; only ``--graph`` runs code, the factory you name.
 
 Exit codes:
   0  success: printed; verify found no problem; diff found no difference

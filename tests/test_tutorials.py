@@ -21,8 +21,6 @@ CELL_TIMEOUT = 300
 
 #: Stubs (they raise if run), skipped with the reason until they are written.
 WAITING = {
-    "02_workers_and_rescaling.py": "not written yet: MultiProcessingReadingService (issue 4) landed after "
-                                   "issue 8 scoped this notebook as a stub",
     "05_training_loop.py": "waits for the accelerate and Lightning integrations (issue 7)",
 }
 

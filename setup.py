@@ -14,8 +14,12 @@ TORCH = "torch>=2.4,<2.14"
 
 EXTRAS = {
     "torchdata": ["torchdata==0.9.0"],
-    "accelerate": ["accelerate>=1.0"],
-    "lightning": ["lightning>=2.3"],
+    # integrations (snapshot.integrations.*): each tool is an extra of its own
+    "accelerate": ["accelerate>=1.0,<2"],
+    "lightning": ["lightning>=2.3,<3"],
+    # torchdata >= 0.10 (StatefulDataLoader, torchdata.nodes) has no DataLoader2: it cannot share
+    # an environment with the "torchdata" extra (the test suite keeps it in .venv-torchdata)
+    "torchdata-nodes": ["torchdata>=0.10,<0.12"],
     # the docs site and executed notebook tutorials (see docs/ and tutorials/). The site
     # builder and its plugins are pinned: their upgrades add warnings, and the build is strict.
     "docs": [
@@ -35,15 +39,19 @@ EXTRAS = {
     # what the test suite needs for the `snapshot` command's tests (fuzzing, pictures)
     "cli": [],
 }
-EXTRAS["dev"] = EXTRAS["docs"] + EXTRAS["cli"] + [
-    "torchdata==0.9.0",
+TESTING = [
     "numpy>=1.26",
     "pytest>=8.0",
     "pytest-timeout>=2.3",
     "hypothesis>=6.100",
+]
+EXTRAS["dev"] = EXTRAS["docs"] + EXTRAS["cli"] + EXTRAS["accelerate"] + EXTRAS["lightning"] + TESTING + [
+    "torchdata==0.9.0",
     "ruff==0.17.6",
     "mypy==2.4.1",
 ]
+# the second test environment (.venv-torchdata, made by `make test`): torchdata >= 0.10
+EXTRAS["dev-torchdata-nodes"] = EXTRAS["torchdata-nodes"] + TESTING
 
 setup(
     name="snapshot",

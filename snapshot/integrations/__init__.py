@@ -1,0 +1,20 @@
+"""Integrations with the tools people train with, one small module per tool.
+
+====================================  =====================================  ==============================
+module                                what it gives                          install
+====================================  =====================================  ==============================
+``snapshot.integrations.accelerate``  ``reading_service_for(accelerator)``   ``pip install snapshot[accelerate]``
+``snapshot.integrations.lightning``   ``reading_service_for(trainer)``,      ``pip install snapshot[lightning]``
+                                      ``LightningLoader``
+``snapshot.integrations.torchdata``   ``SnapshotDataset`` (for               torchdata 0.9 or >= 0.10;
+                                      ``StatefulDataLoader``), ``as_node``   ``as_node``:
+                                      (a ``torchdata.nodes`` node)           ``pip install snapshot[torchdata-nodes]``
+====================================  =====================================  ==============================
+
+``torch.distributed.checkpoint`` needs no module: a :class:`~snapshot.DataLoader2` is
+``Stateful`` as it is (see the DCP how-to).
+
+Importing :mod:`snapshot` imports none of these tools; importing one of these modules
+without its tool raises an ``ImportError`` that names the extra to install. The modules use
+only the public API of :mod:`snapshot`.
+"""

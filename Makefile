@@ -2,19 +2,30 @@
 #   make demo   run the main job: train, snapshot mid-epoch, crash, restore, prove the stream
 #   make test   lint, type-check and run the whole test suite
 # Each creates or reuses the virtualenv .venv by itself; nothing else is needed but python3.
+# `make test` also makes (or reuses) .venv-torchdata, where torchdata >= 0.10 replaces the
+# main environment's torchdata 0.9 (they cannot share one), for the tests of that version.
 
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+TD_VENV  ?= .venv-torchdata
+TD_STAMP := $(TD_VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench docs venv clean
+.PHONY: demo test lint typecheck unit unit-torchdata bench docs venv clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
+
+# torch first, then everything with torch pinned: pip must never replace the CPU build
+$(TD_STAMP): setup.py
+	$(PYTHON) -m venv $(TD_VENV)
+	$(TD_VENV)/bin/python -m pip install --quiet "torch==2.13.0"
+	$(TD_VENV)/bin/python -m pip install --quiet "torch==2.13.0" -e ".[dev-torchdata-nodes]"
+	touch $(TD_STAMP)
 
 venv: $(STAMP)
 
@@ -30,7 +41,11 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/python -m pytest
 
-test: lint typecheck unit
+# torchdata >= 0.10: StatefulDataLoader and torchdata.nodes (tests/torchdata_new is skipped in .venv)
+unit-torchdata: $(TD_STAMP)
+	$(TD_VENV)/bin/python -m pytest -p no:cacheprovider tests/torchdata_new tests/test_integrations_torchdata.py
+
+test: lint typecheck unit unit-torchdata
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks all
@@ -39,4 +54,4 @@ docs: $(STAMP)
 	$(BIN)/mkdocs build --strict --site-dir site
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(TD_VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

@@ -27,7 +27,7 @@ from snapshot.errors import CorruptSnapshotError, SnapshotFileError
 
 __all__ = ["MANIFEST", "commit", "is_directory_snapshot", "part_name", "read_parts", "staging"]
 
-MANIFEST = "manifest.snap"
+MANIFEST = format.DIRECTORY_MANIFEST
 
 
 def part_name(rank: int) -> str:

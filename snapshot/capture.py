@@ -307,7 +307,16 @@ def distributed_manifest(infos: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         ranks.append({"rank": info["rank"], **manifest["loader"]})
     first.update(shards=shards, upstream=upstream, ranks=ranks,
                  parts=[{k: i[k] for k in ("rank", "file", "sha256", "size")} for i in infos])
-    first["service"] = {**first.get("service", {}), "ranks": len(infos)}
+    owners: dict[str, Any] = {}
+    for info in infos:
+        for shard, worker in info["manifest"].get("service", {}).get("owners", {}).items():
+            owners[shard] = {"rank": info["rank"], "worker": worker}
+    service = {k: v for k, v in first.get("service", {}).items() if k != "rank"}
+    first["service"] = {**service, "ranks": len(infos), "owners": owners}
+    loaders = [info["manifest"]["loader"] for info in infos]
+    first["loader"] = {"epoch": loaders[0]["epoch"], "yielded": sum(int(x["yielded"]) for x in loaders),
+                       "epoch_finished": all(x["epoch_finished"] for x in loaders),
+                       "lookahead": sum(int(x.get("lookahead", 0)) for x in loaders)}
     first.pop(format.PAYLOAD, None)
     return first
 

@@ -177,16 +177,21 @@ class DataLoader2(Generic[T_co]):
         return DataLoader2Iterator(self, self.valid_iterator_id)
 
     def _start_epoch(self) -> None:
-        if self._seed is not None:
-            if self._reset_seed or self._generator is None:
-                self._generator = SeedGenerator(self._seed)
-                self._epoch_seed, self._epoch_seed_given = self._seed, True
-                self._reset_seed = False
-        else:
-            drawn = draw_seed()
-            self._generator = SeedGenerator(drawn)
-            self._epoch_seed, self._epoch_seed_given = drawn, False
         self._ensure_initialized()
+        # torchdata 0.9: a seed from seed() seeds the first epoch after the call, later epochs
+        # continue its sequence; without one, each epoch draws a seed. Across ranks, rank 0
+        # decides (one broadcast per epoch on every rank).
+        given = self._seed is not None
+        reseed = not given or self._reset_seed or self._generator is None
+        seed = self._seed if given else (draw_seed() if reseed else None)
+        collective = self._collective()
+        if collective is not None:
+            reseed, seed, given = collective.broadcast((reseed, seed, given), "sharing the loader seed")
+        if reseed:
+            assert seed is not None
+            self._generator = SeedGenerator(seed)
+            self._epoch_seed, self._epoch_seed_given = seed, given
+            self._reset_seed = False
         assert self._generator is not None
         self.reading_service.initialize_iteration(self._generator)
         self._epoch += 1

@@ -21,9 +21,11 @@ needed) the payload digest and the signature, and only then unpickle.
 
 A snapshot can also travel as a plain dict (``DataLoader2.state_dict()``)::
 
-    {"snapshot_format": 1, "manifest": {...}, "payload": b"..."}
+    {"snapshot_format": 1, "manifest": "<the manifest as JSON text>", "payload": b"..."}
 
-whose payload digest is the one recorded in ``manifest["payload"]["sha256"]``.
+whose payload digest is the one recorded in the manifest's ``payload.sha256``. A distributed
+snapshot is a directory (``manifest.snap`` plus one file per rank, see ``_directory``), or
+the same three keys with the ranks' files joined in the payload.
 
 This module knows nothing of graphs, loaders or pickling.
 """
@@ -80,6 +82,8 @@ MAGIC = b"\x89snapshot\r\n\x1a\n"
 #: Environment variable holding a signing key (used when no key is passed explicitly).
 KEY_ENV = "SNAPSHOT_KEY"
 STATE_DICT_MARKER = "snapshot_format"
+#: The global manifest's file name in a distributed snapshot's directory.
+DIRECTORY_MANIFEST = "manifest.snap"
 
 _HEADER = struct.Struct("<HHIQ32s32s")
 _PREFIX = len(MAGIC) + _HEADER.size
@@ -340,6 +344,10 @@ def read_manifest(src: PathOrFile) -> dict[str, Any]:
         ['0', '0/datapipe']
     """
     source = _source_name(src)
+    if isinstance(src, (str, os.PathLike)) and os.path.isdir(src) \
+            and os.path.exists(os.path.join(src, DIRECTORY_MANIFEST)):
+        src = os.path.join(src, DIRECTORY_MANIFEST)  # a distributed snapshot: its global manifest
+        source = _source_name(src)
     if isinstance(src, (str, os.PathLike)):
         try:
             with open(src, "rb") as f:

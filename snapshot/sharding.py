@@ -65,15 +65,29 @@ def _apply(datapipe: Any, count: int, instance: int,
 
 @dataclass(frozen=True)
 class Topology:
-    """How a graph is cut into logical shards (see the module docstring)."""
+    """How a graph is cut into logical shards (see the module docstring).
+
+    ``problems`` lists why the graph cannot be cut (a node read both above and below the
+    sharding point, two sharding points in a row); they matter only for more than one
+    logical shard: with one, the graph runs whole, as it would on its own.
+    """
 
     routers: tuple[str, ...]
     replicated: tuple[str, ...]
     upstream: frozenset[str]
+    problems: tuple[str, ...] = ()
 
     @property
     def sharded(self) -> bool:
         return bool(self.routers or self.replicated)
+
+    def for_shards(self, count: int) -> Topology:
+        """The cut to run ``count`` logical shards with (raises when it cannot be made)."""
+        if count == 1:
+            return Topology((), (), frozenset())  # one shard: the whole graph in one piece
+        if self.problems:
+            raise ShardingError("this graph cannot be cut into logical shards:\n  " + "\n  ".join(self.problems))
+        return self
 
     def router_inputs(self, graph: Graph) -> list[str]:
         return [graph[r].inputs[0] for r in self.routers]
@@ -92,7 +106,7 @@ class Topology:
 
 
 def analyze(graph: Graph) -> Topology:
-    """Find the sharding points of ``graph``; refuse cuts that would duplicate or lose data."""
+    """Find the sharding points of ``graph``, and what would stop cutting it there."""
     routers = [n.path for n in graph.nodes if isinstance(n.datapipe, ShardingFilterIterDataPipe)]
     replicated = [n.path for n in graph.nodes
                   if is_sharding_point(n.datapipe) and n.path not in routers]
@@ -118,6 +132,4 @@ def analyze(graph: Graph) -> Topology:
             problems.append(
                 f"{path}: {graph[path].signature} feeds both a sharding_filter and "
                 f"{', '.join(outside)} below it, so every logical shard would read it in full")
-    if problems:
-        raise ShardingError("this graph cannot be cut into logical shards:\n  " + "\n  ".join(problems))
-    return Topology(tuple(routers), tuple(replicated), frozenset(upstream))
+    return Topology(tuple(routers), tuple(replicated), frozenset(upstream), tuple(problems))

@@ -10,6 +10,7 @@ import textwrap
 from collections import Counter
 
 import pytest
+from torch.utils.data.datapipes.iter import IterableWrapper, ShardingFilter, Shuffler
 
 import snapshot
 from snapshot import DistributedReadingService, InProcessReadingService, SequentialReadingService
@@ -146,8 +147,11 @@ def test_the_distributed_snapshot_restores_in_one_process(tmp_path) -> None:
         loader.restore_snapshot(directory)
         after = [{"rest": list(loader), "following": list(loader)}]
     check_exactly_once(before, after)
-    manifest = snapshot.read_manifest(os.path.join(directory, "manifest.snap"))
+    manifest = snapshot.read_manifest(directory)  # the directory itself reads as its manifest
     assert manifest["service"]["ranks"] == 2 and len(manifest["parts"]) == 2
+    assert manifest["service"]["owners"] == {"0": {"rank": 0, "worker": 0}, "1": {"rank": 1, "worker": 0}}
+    assert manifest["loader"]["yielded"] == 10  # both ranks' samples, not rank 0's
+    assert all(shard is not None for shard in manifest["shards"])
 
 
 def test_state_dict_has_fixed_keys_and_restores_elsewhere(tmp_path) -> None:
@@ -219,7 +223,7 @@ def test_a_dead_or_hung_rank_is_a_clear_error_on_the_others(tmp_path, how: str) 
     assert survivor["error"] is not None and "another rank died, hung for more than 5 s" in survivor["error"]
     assert "restore from the last complete snapshot" in survivor["error"]
     assert survivor["seconds"] < 10  # within the timeout, not a hang
-    assert not os.path.exists(tmp_path / "s")  # nothing half-written is published
+    assert os.listdir(tmp_path) == []  # nothing is published, no staging directory is left
 
 
 def uneven(rank, world, policy):
@@ -240,6 +244,27 @@ def test_even_batches(policy, length) -> None:
         assert [len(r) for r in results] == [length, length]
     if policy == "pad":
         assert results[1][-1] == results[1][-2]
+
+
+def different_seeds(rank, world):
+    from torch.utils.data.datapipes.iter import IterableWrapper, ShardingFilter, Shuffler
+
+    with snapshot.DataLoader2(Shuffler(ShardingFilter(IterableWrapper(range(20)))), reading_service=service()) \
+            as loader:
+        loader.seed(100 + rank)  # only rank 0's seed counts
+        first = list(loader)
+        return first, loader.save_snapshot().manifest["randomness"]["seed"]
+
+
+def test_rank_zero_decides_the_seed() -> None:
+    results = run_ranks(2, different_seeds)
+    assert [seed for _, seed in results] == [100, 100]
+    with snapshot.DataLoader2(Shuffler(ShardingFilter(IterableWrapper(range(20)))),
+                              reading_service=InProcessReadingService(logical_shards=2)) as loader:
+        loader.seed(100)
+        single = list(loader)
+    assert Counter(results[0][0] + results[1][0]) == Counter(single)
+    assert results[0][0] == single[0::2][:len(results[0][0])]
 
 
 def different_graphs(rank, world):

@@ -153,13 +153,26 @@ def test_logical_shards_need_a_sharding_point() -> None:
         iter(snapshot.DataLoader2(graphs.linear(), reading_service=InProcessReadingService(logical_shards=2)))
 
 
-def test_a_graph_that_would_duplicate_data_is_refused() -> None:
+def fork_around_the_sharding_point():
     from torch.utils.data.datapipes.iter import Forker, IterableWrapper, ShardingFilter, Zipper
 
     a, b = Forker(IterableWrapper(range(10)), 2)
-    dp = Zipper(ShardingFilter(a), b)
+    return Zipper(ShardingFilter(a), b)
+
+
+def test_a_graph_that_would_duplicate_data_is_refused_for_several_shards() -> None:
     with pytest.raises(snapshot.ShardingError, match="feeds both a sharding_filter and 0/datapipes/1"):
-        iter(snapshot.DataLoader2(dp, reading_service=InProcessReadingService(logical_shards=2)))
+        iter(snapshot.DataLoader2(fork_around_the_sharding_point(),
+                                  reading_service=InProcessReadingService(logical_shards=2)))
+
+
+def test_with_one_logical_shard_the_graph_runs_whole() -> None:
+    """With one shard nothing is cut, so graphs that cannot be cut still run (as torchdata ran them)."""
+    expected = list(fork_around_the_sharding_point())
+    assert epochs(fork_around_the_sharding_point, InProcessReadingService, count=1) == [expected]
+    assert epochs(fork_around_the_sharding_point, workers(1, shards=None), count=1) == [expected]
+    assert_resumes_exactly(fork_around_the_sharding_point, epochs=1, via_file=False,
+                           strategies=("state", "fast_forward"))
 
 
 # -- failures ----------------------------------------------------------------------------------

@@ -132,33 +132,51 @@ class RouterPort(Iterator[Any]):
         return item
 
 
-def _rng_state() -> dict[str, Any]:
-    version, internal, gauss = random.getstate()
-    state: dict[str, Any] = {"random": [version, list(internal), gauss],
-                             "torch": torch.get_rng_state().numpy().tobytes()}
-    if numpy is not None:
-        kind, keys, pos, has_gauss, cached = numpy.random.get_state()
+# Generator states are swapped as the generators' own objects (cheap: no copies into lists);
+# they become plain data only when a snapshot is taken.
+_RawRNG = tuple[Any, Any, Any]
+
+
+def _raw_rng() -> _RawRNG:
+    return (random.getstate(), torch.get_rng_state(),
+            numpy.random.get_state() if numpy is not None else None)
+
+
+def _set_raw_rng(raw: _RawRNG) -> None:
+    random.setstate(raw[0])
+    torch.set_rng_state(raw[1])
+    if numpy is not None and raw[2] is not None:
+        numpy.random.set_state(raw[2])
+
+
+def _plain_rng(raw: _RawRNG) -> dict[str, Any]:
+    """A raw state as plain data (lists, bytes) for a snapshot."""
+    version, internal, gauss = raw[0]
+    state: dict[str, Any] = {"random": [version, list(internal), gauss], "torch": raw[1].numpy().tobytes()}
+    if raw[2] is not None:
+        kind, keys, pos, has_gauss, cached = raw[2]
         state["numpy"] = [kind, list(map(int, keys)), pos, has_gauss, cached]
     return state
 
 
-def _set_rng_state(state: Mapping[str, Any]) -> None:
+def _raw_from_plain(state: Mapping[str, Any]) -> _RawRNG:
     version, internal, gauss = state["random"]
-    random.setstate((version, tuple(internal), gauss))
-    torch.set_rng_state(torch.frombuffer(bytearray(state["torch"]), dtype=torch.uint8))
+    numpy_state = None
     if numpy is not None and "numpy" in state:
         kind, keys, pos, has_gauss, cached = state["numpy"]
-        numpy.random.set_state((kind, numpy.array(keys, dtype=numpy.uint32), pos, has_gauss, cached))
+        numpy_state = (kind, numpy.array(keys, dtype=numpy.uint32), pos, has_gauss, cached)
+    return ((version, tuple(internal), gauss), torch.frombuffer(bytearray(state["torch"]), dtype=torch.uint8),
+            numpy_state)
 
 
-def _seeded_rng_state(seed: int) -> dict[str, Any]:
-    saved = _rng_state()
+def _seeded_rng(seed: int) -> _RawRNG:
+    saved = _raw_rng()
     random.seed(seed)
     torch.manual_seed(seed)
     if numpy is not None:
         numpy.random.seed(seed % 2**32)
-    state = _rng_state()
-    _set_rng_state(saved)
+    state = _raw_rng()
+    _set_raw_rng(saved)
     return state
 
 
@@ -168,11 +186,11 @@ class _ShardRNG:
     def __init__(self, policy: GlobalRNG, protect_caller: bool):
         self.enabled = policy is GlobalRNG.ISOLATE
         self.protect_caller = protect_caller
-        self.states: dict[int, dict[str, Any]] = {}
+        self.states: dict[int, _RawRNG] = {}
         self.active: int | None = None
-        self._caller: dict[str, Any] | None = None
+        self._caller: _RawRNG | None = None
 
-    def reset(self, states: Mapping[int, dict[str, Any]]) -> None:
+    def reset(self, states: Mapping[int, _RawRNG]) -> None:
         self.leave()
         if self.active is not None:  # a worker that never leaves: drop the old epoch's shard
             self.active = None
@@ -182,24 +200,25 @@ class _ShardRNG:
         if not self.enabled or self.active == shard:
             return
         if self.active is not None:
-            self.states[self.active] = _rng_state()
+            self.states[self.active] = _raw_rng()
         elif self.protect_caller:
-            self._caller = _rng_state()
-        _set_rng_state(self.states[shard])
+            self._caller = _raw_rng()
+        _set_raw_rng(self.states[shard])
         self.active = shard
 
     def leave(self) -> None:
         if not self.enabled or not self.protect_caller or self.active is None:
             return
-        self.states[self.active] = _rng_state()
+        self.states[self.active] = _raw_rng()
         if self._caller is not None:
-            _set_rng_state(self._caller)
+            _set_raw_rng(self._caller)
         self.active, self._caller = None, None
 
     def state(self, shard: int) -> dict[str, Any] | None:
         if not self.enabled:
             return None
-        return _rng_state() if self.active == shard else self.states.get(shard)
+        raw = _raw_rng() if self.active == shard else self.states.get(shard)
+        return _plain_rng(raw) if raw is not None else None
 
 
 class ShardEngine:
@@ -287,7 +306,8 @@ class ShardEngine:
         for shard in self.shards:
             saved = shard_states.get(shard)
             if self._rng.enabled:
-                rng_states[shard] = (saved or {}).get("rng") or _seeded_rng_state(seeds.rng[shard])
+                plain = (saved or {}).get("rng")
+                rng_states[shard] = _raw_from_plain(plain) if plain else _seeded_rng(seeds.rng[shard])
             self._runs[shard] = self._shard_run(shard, seeds, saved, plans.get(shard), shard in replayed)
         self._rng.reset(rng_states)
 

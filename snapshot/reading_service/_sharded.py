@@ -145,7 +145,8 @@ class ShardedService(ReadingServiceInterface):
         """Run ``shards`` (a rank's share, or all) of ``count`` logical shards of ``datapipe``."""
         self.finalize()
         graph = Graph(datapipe)
-        self._graph, self._topology, self._count, self._owned = graph, analyze(graph), count, list(shards)
+        topology = analyze(graph).for_shards(count)
+        self._graph, self._topology, self._count, self._owned = graph, topology, count, list(shards)
         self._executor = self._make_executor(datapipe, graph, self._topology, count, self._owned)
 
     def initialize_iteration(

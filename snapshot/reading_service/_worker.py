@@ -85,7 +85,8 @@ def _serve(requests: Connection, sender: transport.Sender, setup: bytes, parent:
     template = config["graph"]
     graph = Graph(_serialization.loads_graph(template))
     try:
-        engine = ShardEngine(graph, lambda: _serialization.loads_graph(template), analyze(graph), config["count"],
+        engine = ShardEngine(graph, lambda: _serialization.loads_graph(template),
+                             analyze(graph).for_shards(config["count"]), config["count"],
                              config["shards"], worker=config["worker"], init_fn=config["init_fn"],
                              global_rng=config["global_rng"], protect_caller_rng=False)
     except BaseException as exc:  # noqa: BLE001 - reported to the main process, which raises it

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -88,12 +89,23 @@ class Collective:
     # -- snapshot directories -------------------------------------------------------------
 
     def save_directory(self, part: bytes, manifest: dict[str, Any], dest: Any, key: bytes | str | None) -> None:
-        """Each rank writes ``part``; rank 0 writes the global manifest and swaps the directory in."""
+        """Each rank writes ``part``; rank 0 writes the global manifest and swaps the directory in.
+
+        On any failure (a rank that cannot write, dies or hangs) nothing is published, the
+        staging directory is removed, and the previous snapshot stays.
+        """
         token = self.broadcast(uuid.uuid4().hex[:12], "agreeing on a snapshot directory")
-        error = None
-        directory = ""
+        directory = _directory.staging(os.fspath(dest), token)
         try:
-            directory = _directory.staging(os.fspath(dest), token)
+            self._save_parts(directory, part, manifest, dest, key)
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+
+    def _save_parts(self, directory: str, part: bytes, manifest: dict[str, Any], dest: Any,
+                    key: bytes | str | None) -> None:
+        error = None
+        try:
             format.atomic_write(os.path.join(directory, _directory.part_name(self.rank)), part)
         except OSError as exc:
             error = f"{type(exc).__name__}: {exc}"
@@ -152,8 +164,9 @@ class DistributedReadingService(ReadingServiceInterface):
         return state
 
     @property
-    def collective(self) -> Collective | None:
-        return self._collective
+    def collective(self) -> Collective:
+        """The loader's collective operations (joins the process group on first use)."""
+        return self._connect()
 
     def _connect(self) -> Collective:
         if self._collective is None:
@@ -200,7 +213,9 @@ class DistributedReadingService(ReadingServiceInterface):
         self, seed_generator: SeedGenerator, iter_reset_fn: Callable[[Any], Any] | None = None
     ) -> Callable[[Any], Any] | None:
         collective = self._connect()
-        seed_generator.set_state(collective.broadcast(seed_generator.state(), "sharing the epoch's seeds"))
+        states = collective.all_gather(seed_generator.state(), "checking the epoch's seeds")
+        if any(state != states[0] for state in states):
+            seed_generator.set_state(states[0])  # rank 0's seeds drive every rank
         return self.executor.initialize_iteration(seed_generator, iter_reset_fn)
 
     def finalize_iteration(self) -> None:
@@ -208,6 +223,12 @@ class DistributedReadingService(ReadingServiceInterface):
 
     def finalize(self) -> None:
         self.executor.finalize()
+        if self._collective is not None:
+            collective, self._collective = self._collective, None
+            try:
+                dist.destroy_process_group(collective.group)
+            except (RuntimeError, ValueError, AssertionError):
+                pass  # the default group is already gone (interpreter exit, a failed run)
 
     # -- checkpoint / restore -----------------------------------------------------------------
 

@@ -18,6 +18,7 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
+import sys
 import time
 import warnings
 from collections import deque
@@ -26,6 +27,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from snapshot import _serialization
+from snapshot._warnings import user_stacklevel
 from snapshot.errors import LayoutError, WorkerError
 from snapshot.graph import Graph
 from snapshot.randomness import EpochSeeds
@@ -87,6 +89,7 @@ class WorkerPool:
                  num_workers: int, init_fn: Any, global_rng: GlobalRNG, timeout: float, prefetch: int):
         self.count = count
         self.topology = topology
+        self.start_method = context.get_start_method()
         self.timeout = timeout
         self.prefetch = max(1, prefetch)
         self.owner = {shard: i % num_workers for i, shard in enumerate(shards)}
@@ -163,9 +166,14 @@ class WorkerPool:
 
     def _died(self, worker: _Worker, waiting_for: str) -> WorkerError:
         worker.process.join(1)
+        hint = ""
+        if self.start_method != "fork" and waiting_for.startswith("starting"):
+            hint = (f" With multiprocessing_context={self.start_method!r} each worker re-imports your main "
+                    "module: guard the entry point with `if __name__ == \"__main__\":`, and check the "
+                    "worker's output above.")
         return WorkerError(
             f"worker {worker.index} (pid {worker.process.pid}) exited unexpectedly "
-            f"({_exit_reason(worker.process.exitcode)}) while the loader waited for {waiting_for}. "
+            f"({_exit_reason(worker.process.exitcode)}) while the loader waited for {waiting_for}.{hint} "
             "Its logical shards cannot continue, and the loader was stopped: restore from your "
             "last snapshot (onto fewer workers, if this one keeps dying).")
 
@@ -192,8 +200,11 @@ class WorkerPool:
         if exc is None:
             return WorkerError(f"{error['type']}: {error['message']} (raised {place}).\n"
                                f"Worker traceback:\n{error['traceback']}")
+        note = f"raised {place}; worker traceback:\n{error['traceback']}"
         if hasattr(exc, "add_note"):
-            exc.add_note(f"raised {place}; worker traceback:\n{error['traceback']}")
+            exc.add_note(note)
+        elif exc.args and isinstance(exc.args[0], str):  # Python 3.10: no notes, extend the message
+            exc.args = (f"{exc.args[0]}\n{note}", *exc.args[1:])
         return exc
 
     # -- epochs -----------------------------------------------------------------------------
@@ -280,6 +291,12 @@ class WorkerPool:
 class MultiProcessingReadingService(ShardedService):
     """Load with ``num_workers`` processes; exact snapshots; restore onto any worker count <= L.
 
+    Compared with torchdata 0.9's service of the same name: the arguments after
+    ``num_workers`` are keyword-only; ``worker_reset_fn`` is not accepted (seeds per logical
+    shard replace it); and since samples are dealt to logical shards, not to workers, the
+    stream of a graph with random pipes below the sharding point differs from torchdata's
+    (it is instead the same for any number of workers).
+
     Args:
         num_workers: worker processes (0 runs in the main process, like
             :class:`InProcessReadingService`).
@@ -287,7 +304,8 @@ class MultiProcessingReadingService(ShardedService):
             ``num_workers``; a graph without a sharding point has 1). Fixed by the first run
             and saved; a restore takes the saved value.
         prefetch_factor: samples requested ahead per logical shard.
-        multiprocessing_context: ``"fork"`` (default on Linux), ``"spawn"`` or ``"forkserver"``.
+        multiprocessing_context: ``"fork"`` (the default on Linux: workers start in milliseconds),
+            ``"spawn"`` or ``"forkserver"`` (the default elsewhere is Python's).
         worker_init_fn: ``fn(datapipe, worker_info)`` called in each worker on each of its
             shards' copies of the graph; it may return a replacement but must keep the graph's
             structure.
@@ -338,7 +356,7 @@ class MultiProcessingReadingService(ShardedService):
         return max(self.num_workers, 1)
 
     def _context(self) -> Any:
-        method = self.multiprocessing_context or ("fork" if "fork" in mp.get_all_start_methods() else None)
+        method = self.multiprocessing_context or ("fork" if sys.platform.startswith("linux") else None)
         return mp.get_context(method)
 
     def _make_executor(self, datapipe: Any, graph: Graph, topology: Topology, count: int,
@@ -354,7 +372,7 @@ class MultiProcessingReadingService(ShardedService):
                 f"the graph has no sharding point, so it runs as one logical shard in one worker (not "
                 f"{workers}): each worker would otherwise read the whole dataset. Add .sharding_filter() "
                 "where samples may be split (after shuffling file names, say) to use every worker.",
-                stacklevel=4,
+                stacklevel=user_stacklevel(),
             )
             workers = 1
         if workers > len(shards):

@@ -84,7 +84,9 @@ def test_inspect_a_directory(results: dict[str, Any], dirs: dict[str, str]) -> N
     out = proc.stdout
     manifest = snapshot.read_manifest(str(Path(dirs["early"]) / "manifest.snap"))
     assert f"{dirs['early']}: distributed snapshot of 2 parts, format 1" in out
-    assert "position    epoch 0, 3 samples yielded (rank 0; every rank's below)" in out
+    total = manifest["loader"]["yielded"]
+    assert [r["yielded"] for r in manifest["ranks"]] == [3, 3]
+    assert f"position    epoch 0, {total} samples yielded (the whole run, 2 ranks; each rank's under" in out
     assert "figures summed over 2 logical shards" in out
     assert lines_after(out, "  rank  epoch  yielded", 2) == [["0", "0", "3", "no", "0"], ["1", "0", "3", "no", "0"]]
     parts = {p["file"]: p for p in manifest["parts"]}
@@ -121,10 +123,12 @@ def test_verify_checks_every_part(results: dict[str, Any]) -> None:
     assert wrong.returncode == 1 and "does not match this key" in wrong.stdout
 
 
-def test_diff_and_graph_of_directories(results: dict[str, Any]) -> None:
+def test_diff_and_graph_of_directories(results: dict[str, Any], dirs: dict[str, str]) -> None:
     diff = results["diff"]
     assert diff.returncode == 1
-    assert "Position: B is 2 samples ahead of A in epoch 0 (3 → 5)" in diff.stdout
+    early, later = (snapshot.read_manifest(str(Path(dirs[name]) / "manifest.snap"))["loader"]["yielded"]
+                    for name in ("early", "later"))
+    assert f"Position: B is {later - early} samples ahead of A in epoch 0 ({early} → {later})" in diff.stdout
     assert lines_after(diff.stdout, "Ranks:", 3)[1:] == [["rank", "0", "yielded", "3", "5"],
                                                          ["rank", "1", "yielded", "3", "5"]]
     assert "rank-00000.snap: different bytes" in diff.stdout

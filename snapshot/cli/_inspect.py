@@ -232,7 +232,7 @@ def render(view: View, *, full_paths: bool = False) -> str:
     kind = f"distributed snapshot of {len(view.part_files)} parts" if view.part_files else "snapshot"
     position = describe_position(view)
     if view.ranks:
-        position = f"{position} (rank {_compact(view.ranks[0].get('rank', 0))}; every rank's below)"
+        position = f"{position} (the whole run, {len(view.ranks)} ranks; each rank's under Reading service)"
     out = [
         f"{view.source}: {kind}, format {view.format}, created {view.created or 'at an unknown time'}",
         f"  written by  {versions}",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -85,31 +86,43 @@ def job(spec: dict[str, Any]) -> None:
             return self.layer(batch.float().unsqueeze(1)).pow(2).mean()
 
         def configure_optimizers(self) -> Any:
+            if spec.get("estimate"):  # with max_epochs set, this loads the train dataloader early
+                assert self.trainer.estimated_stepping_batches == STEPS
             return torch.optim.SGD(self.parameters(), lr=1e-4)
 
     def trainer(callbacks: list[Any]) -> Any:
         devices = spec["devices"]
-        return L.Trainer(max_steps=STEPS, accelerator="cpu", devices=devices,
+        return L.Trainer(max_steps=spec.get("steps", STEPS), max_epochs=3 if spec.get("estimate") else None,
+                         accelerator="cpu", devices=devices,
                          strategy="ddp" if devices > 1 else "auto", callbacks=callbacks,
                          enable_checkpointing=bool(callbacks), logger=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0)
 
+    def checkpointing(directory: str | None) -> list[Any]:
+        if directory is None:
+            return []
+        return [ModelCheckpoint(dirpath=directory, filename="{step}", every_n_train_steps=spec["every"],
+                                save_top_k=-1),
+                ModelCheckpoint(dirpath=directory, filename="end-{epoch}", every_n_epochs=1,
+                                save_on_train_epoch_end=True, save_top_k=-1)]
+
     results: dict[str, Any] = {}
     if spec["task"] == "train":
-        checkpoints = spec["checkpoints"]
-        callbacks = [ModelCheckpoint(dirpath=checkpoints, filename="{step}", every_n_train_steps=spec["every"],
-                                     save_top_k=-1),
-                     ModelCheckpoint(dirpath=checkpoints, filename="end-{epoch}", every_n_epochs=1,
-                                     save_on_train_epoch_end=True, save_top_k=-1)]
-        t, model, data = trainer(callbacks), Model(), Data(spec["workers"])
+        t, model, data = trainer(checkpointing(spec["checkpoints"])), Model(), Data(spec["workers"])
         t.fit(model, data)
         results = {"seen": model.seen, "service": data.service}
     else:
         for path in spec["resume"]:
-            t, model, data = trainer([]), Model(), Data(spec["workers"])
-            t.fit(model, data, ckpt_path=path)
-            results[Path(path).stem] = {"seen": model.seen, "start": model.start_step, "service": data.service}
-    write_result(spec["out"], spec["task"], t.global_rank, results)
+            name = Path(path).stem
+            directory = str(Path(spec["checkpoints"]) / name) if spec.get("checkpoints") else None
+            t, model, data = trainer(checkpointing(directory)), Model(), Data(spec["workers"])
+            try:
+                t.fit(model, data, ckpt_path=path)
+            except snapshot.SnapshotError as exc:
+                results[name] = {"error": str(exc), "seen": model.seen}
+                continue
+            results[name] = {"seen": model.seen, "start": model.start_step, "service": data.service}
+    write_result(spec["out"], spec.get("name", spec["task"]), t.global_rank, results)
 
 
 def checks(spec: dict[str, Any]) -> None:
@@ -166,7 +179,9 @@ def _free_port() -> int:
 
 
 def check_resumes(tmp_path: Path, *, devices: int, workers: int, resume_workers: int, every: int,
-                  ends: list[str]) -> None:
+                  ends: list[str], twice: str | None = None) -> None:
+    """Resume from mid-epoch and end-of-epoch checkpoints; with ``twice``, resume again from the
+    checkpoint ``twice`` that a resumed run (from the first end of epoch) wrote."""
     checkpoints = tmp_path / "ckpt"
     run(tmp_path, {"task": "train", "devices": devices, "workers": workers, "checkpoints": str(checkpoints),
                    "every": every})
@@ -176,13 +191,21 @@ def check_resumes(tmp_path: Path, *, devices: int, workers: int, resume_workers:
     paths = [str(checkpoints / f"{name}.ckpt") for name in names]
     for path in paths:
         assert Path(path).exists(), sorted(p.name for p in checkpoints.iterdir())
-    run(tmp_path, {"task": "resume", "devices": devices, "workers": resume_workers, "resume": paths})
+    again = tmp_path / "ckpt-of-resumed"
+    run(tmp_path, {"task": "resume", "devices": devices, "workers": resume_workers, "resume": paths,
+                   "checkpoints": str(again) if twice else None, "every": 2})
     resumed = read_results(tmp_path, "resume")
+    if twice:
+        path = again / ends[0] / f"{twice}.ckpt"
+        assert path.exists(), sorted(p.name for p in path.parent.iterdir())
+        run(tmp_path, {"task": "resume", "name": "twice", "devices": devices, "workers": resume_workers,
+                       "resume": [str(path)]})
+        for rank, result in enumerate(read_results(tmp_path, "twice")):
+            resumed[rank][f"{ends[0]}, then {twice}"] = result[twice]
     for rank in range(devices):
         seen = full[rank]["seen"]
         assert len(seen) == STEPS
-        for name in names:
-            got = resumed[rank][name]
+        for name, got in resumed[rank].items():
             start = got["start"]
             assert 0 < start < STEPS, (name, start)
             assert got["seen"] == seen[start:], f"rank {rank}, resumed from {name} (step {start})"
@@ -191,9 +214,28 @@ def check_resumes(tmp_path: Path, *, devices: int, workers: int, resume_workers:
 def test_fit_resumes_mid_epoch_with_the_same_batches(tmp_path: Path) -> None:
     # 15 batches per epoch: checkpoints at steps 6 and 12 (mid-epoch 0) and after epoch 0 (step
     # 15); each resume runs to step 20, across the start of epoch 1 (new seeds).
-    check_resumes(tmp_path, devices=1, workers=0, resume_workers=0, every=6, ends=["end-epoch=0"])
+    # A run resumed from the end of epoch 0 writes a checkpoint at step 18, and a third run resumes
+    # from that one (a restore of a restore).
+    check_resumes(tmp_path, devices=1, workers=0, resume_workers=0, every=6, ends=["end-epoch=0"],
+                  twice="step=18")
     service = read_results(tmp_path, "train")[0]["service"]
     assert service == "InProcessReadingService"
+
+
+def test_a_checkpoint_lightning_did_not_load_is_an_error_not_a_wrong_stream(tmp_path: Path) -> None:
+    # Lightning does not load dataloader states when configure_optimizers reads
+    # trainer.estimated_stepping_batches (with max_epochs set): the loader would silently start
+    # the epoch over; LightningLoader stops before a training step sees a wrong batch.
+    checkpoints = tmp_path / "ckpt"
+    run(tmp_path, {"task": "train", "devices": 1, "workers": 0, "checkpoints": str(checkpoints), "every": 6,
+                   "steps": 6})
+    run(tmp_path, {"task": "resume", "devices": 1, "workers": 0, "estimate": True,
+                   "resume": [str(checkpoints / "step=6.ckpt")]})
+    (resumed,) = read_results(tmp_path, "resume")
+    error = resumed["step=6"]["error"]
+    assert "the loader's state in the checkpoint was not loaded" in error
+    assert "estimated_stepping_batches" in error and "#20550" in error
+    assert resumed["step=6"]["seen"] == []  # no training step saw a batch of the restarted epoch
 
 
 def test_fit_with_workers_resumes_onto_another_worker_count(tmp_path: Path) -> None:
@@ -210,6 +252,19 @@ def test_ddp_fit_resumes_on_every_rank(tmp_path: Path) -> None:
     assert {r["service"] for r in full} == {"SequentialReadingService"}
     first = [set(map(tuple, r["seen"][:8])) for r in full]
     assert not first[0] & first[1], "the two ranks must read different batches"
+    # onto one device: from the end of an epoch, the next epoch is both ranks' batches; from
+    # mid-epoch (Lightning had fetched a batch ahead on each rank), a clear refusal
+    checkpoints = tmp_path / "ckpt"
+    run(tmp_path, {"task": "resume", "name": "alone", "devices": 1, "workers": 0, "steps": 32,
+                   "resume": [str(checkpoints / "end-epoch=1.ckpt"), str(checkpoints / "step=3.ckpt")]})
+    (alone,) = read_results(tmp_path, "alone")
+    both = [tuple(b) for rank in full for b in rank["seen"][16:]]  # epoch 2, as far as the DDP run went
+    got = [tuple(b) for b in alone["end-epoch=1"]["seen"]]
+    assert alone["end-epoch=1"]["start"] == 16 and len(got) == 16
+    assert Counter(both) <= Counter(got)
+    assert sorted(x for b in got for x in b) == list(range(60))  # one whole epoch, every sample once
+    assert "written mid-epoch by 2 rank(s)" in alone["step=3"]["error"]
+    assert "resume it on 2 rank(s)" in alone["step=3"]["error"]
 
 
 def test_reading_service_follows_the_strategy_and_refusals_are_clear(tmp_path: Path) -> None:

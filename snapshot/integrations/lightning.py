@@ -101,52 +101,75 @@ class LightningLoader:
             raise TypeError(f"LightningLoader wraps a snapshot.DataLoader2, got {type(loader).__name__}")
         self.loader = loader
         self.trainer = trainer
-        self._handed = 0  # batches handed out in the current epoch
+        self._handed = 0  # batches of the current epoch handed out (or taken, before a restore)
         self._finished = False  # the current epoch's loader iterator is exhausted
         self._resume = False  # the next iteration continues the current epoch (after load_state_dict)
-        self._recent: deque[Any] = deque(maxlen=_MAX_AHEAD)
-        self._pending: deque[Any] = deque()
+        #: The training loop's batch count at which this epoch's count is 0: set by the first
+        #: batch handed out after iter() (Lightning's count is not always reset at an epoch's start).
+        self._base: int | None = None
+        self._recent: deque[Any] = deque(maxlen=_MAX_AHEAD)  # the last batches handed out
+        self._pending: deque[Any] = deque()  # batches to hand out again after a restore
 
     def __iter__(self) -> Iterator[Any]:
         return self._epoch()
 
     def _epoch(self) -> Iterator[Any]:
         # A generator: nothing happens until the first next(), so Lightning's iter() that
-        # only checks the loader is iterable starts nothing.
+        # only checks that the loader is iterable starts nothing.
         it = iter(self.loader)
         if not self._resume:
             self._handed = 0
-            self._recent.clear()
             self._pending.clear()
         self._resume = False
         self._finished = False
+        self._recent.clear()
+        self._base = None
         while self._pending:
             yield self._hand(self._pending.popleft())
         for item in it:
             yield self._hand(item)
         self._finished = True
 
+    def _loop_count(self) -> int | None:
+        """How many batches Lightning's training loop has taken (its own count), if it runs."""
+        loop = getattr(self.trainer, "fit_loop", None)
+        return None if loop is None else int(loop.epoch_loop.batch_idx) + 1
+
     def _hand(self, item: Any) -> Any:
+        count = self._loop_count()
+        if self._base is None and count is not None:
+            self._base = count - self._handed  # the loop has taken all the batches handed out so far
         self._handed += 1
         self._recent.append(item)
+        if self._taken() > self._handed:
+            raise snapshot.SnapshotError(
+                f"Lightning's training loop counts {self._taken()} batches of this epoch, and this loader has handed "
+                f"out {self._handed}: the loader's state in the checkpoint was not loaded (Lightning skips it when "
+                "configure_optimizers reads trainer.estimated_stepping_batches with max_epochs set, "
+                "Lightning-AI/pytorch-lightning#20550: compute the number of steps another way), or the trainer "
+                "given to LightningLoader is not the one fitting with it.")
         return item
 
-    def _consumed(self) -> int:
-        """Batches the training loop has taken in the current epoch."""
-        return int(self.trainer.fit_loop.epoch_loop.batch_idx) + 1
+    def _taken(self) -> int:
+        """Batches of the current epoch the training loop has taken."""
+        count = self._loop_count()
+        if self._base is None or count is None:
+            return self._handed
+        return count - self._base
 
     def state_dict(self) -> dict[str, Any]:
-        consumed = self._consumed()
-        ahead = self._handed - consumed
+        taken = self._taken()
+        ahead = self._handed - taken
         if not 0 <= ahead <= len(self._recent):
             raise snapshot.SnapshotError(
-                f"the training loop has taken {consumed} batches of this epoch and the loader handed out "
+                f"the training loop has taken {taken} batches of this epoch and the loader handed out "
                 f"{self._handed}: the trainer given to LightningLoader is not the one iterating it, or a "
-                "training_step with a dataloader_iter argument fetched batches itself. Give LightningLoader "
-                "the trainer that fits with it.")
+                "training_step with a dataloader_iter argument fetched batches itself (not supported). Give "
+                "LightningLoader the trainer that fits with it.")
         pending = list(self._recent)[len(self._recent) - ahead:] if ahead else []
+        pending += self._pending  # restored, not handed out again yet
         loader_state = self.loader.state_dict()  # a collective in a distributed run
-        return {FORMAT: _FORMAT_VERSION, LOADER: loader_state, CONSUMED: consumed, FINISHED: self._finished,
+        return {FORMAT: _FORMAT_VERSION, LOADER: loader_state, CONSUMED: taken, FINISHED: self._finished,
                 PENDING: pickle.dumps(_gather(pending, self.loader), protocol=pickle.HIGHEST_PROTOCOL)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -166,6 +189,7 @@ class LightningLoader:
         self._handed = int(state[CONSUMED])
         self._finished = bool(state[FINISHED])
         self._resume = not self._finished
+        self._base = None
         self._recent.clear()
 
     def shutdown(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -65,3 +66,22 @@ def write_result(directory: str | Path, name: str, rank: int, value: Any) -> Non
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(value))
     tmp.replace(path)
+
+
+_FENCE = re.compile(r"^```python[^\n]*\n(?P<body>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+
+
+def page_script(page: Path, runner: str) -> str:
+    """The ```python blocks of a docs page that say they are run by ``runner`` (a test file), as one script.
+
+    A docs page marks such a block ``<!-- example: not run, ... RUNNER ... -->``: the in-process
+    docs test skips it, and ``runner`` runs it in a fresh process instead.
+    """
+    text = page.read_text()
+    blocks = []
+    for match in _FENCE.finditer(text):
+        before = text[:match.start()].rstrip().rsplit("\n", 1)[-1]
+        if "example: not run" in before and runner in before:
+            blocks.append(match.group("body"))
+    assert blocks, f"{page} has no python block marked as run by {runner}"
+    return "\n\n".join(blocks)

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
 
-from tests.integration_jobs import job_env, read_results, run_job, write_result  # noqa: E402
+from tests.integration_jobs import job_env, page_script, read_results, run_job, write_result  # noqa: E402
 
 if importlib.util.find_spec("accelerate") is None:  # (not imported here: only the jobs import accelerate)
     pytest.skip("the accelerate extra is not installed", allow_module_level=True)
@@ -153,6 +153,12 @@ def test_two_ranks_save_on_every_rank_and_resume_on_two_or_one(tmp_path: Path) -
     before = [x for rank in full for batch in rank["epochs"][0][:3] for x in batch]
     after = [x for batch in alone["epochs"][0] for x in batch]
     assert Counter(before + after) == Counter(range(SAMPLES))
+
+
+def test_the_how_to_page_runs(tmp_path: Path) -> None:
+    script = tmp_path / "how_to_accelerate.py"
+    script.write_text(page_script(ROOT / "docs/how-to/accelerate.md", "tests/test_integrations_accelerate.py"))
+    run_job([str(script)], cwd=tmp_path)  # the page's asserts are its claims
 
 
 if __name__ == "__main__":

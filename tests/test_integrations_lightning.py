@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
 
-from tests.integration_jobs import job_env, read_results, run_job, write_result  # noqa: E402
+from tests.integration_jobs import job_env, page_script, read_results, run_job, write_result  # noqa: E402
 
 if importlib.util.find_spec("lightning") is None:  # (not imported here: only the jobs import Lightning)
     pytest.skip("the lightning extra is not installed", allow_module_level=True)
@@ -282,6 +282,12 @@ def test_reading_service_follows_the_strategy_and_refusals_are_clear(tmp_path: P
     assert "DataLoader2.load_state_dict()" in found["bare_state"]
     assert "wraps a snapshot.DataLoader2, got" in found["not_a_loader"]
 
+
+
+def test_the_how_to_page_runs(tmp_path: Path) -> None:
+    script = tmp_path / "how_to_lightning.py"
+    script.write_text(page_script(ROOT / "docs/how-to/lightning.md", "tests/test_integrations_lightning.py"))
+    run_job([str(script)], cwd=tmp_path)  # the page's asserts are its claims
 
 
 if __name__ == "__main__":

@@ -126,3 +126,10 @@ def test_engine_workers_behind_a_node() -> None:
     resumed.load_state_dict(state)
     assert head + list(resumed) == expected
     node.close()
+
+
+def test_the_how_to_example_runs() -> None:
+    from tests.integration_jobs import ROOT, page_script
+
+    code = page_script(ROOT / "docs/how-to/migrate.md", "tests/torchdata_new/test_nodes.py")
+    exec(compile(code, "docs/how-to/migrate.md", "exec"), {"__name__": "how_to_nodes"})  # its asserts hold

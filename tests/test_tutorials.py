@@ -21,7 +21,6 @@ CELL_TIMEOUT = 300
 
 #: Stubs (they raise if run), skipped with the reason until they are written.
 WAITING = {
-    "05_training_loop.py": "waits for the accelerate and Lightning integrations (issue 7)",
 }
 
 NOTEBOOKS = sorted(TUTORIALS.glob("[0-9][0-9]_*.py"))

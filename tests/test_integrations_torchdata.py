@@ -251,7 +251,7 @@ def test_from_state_gives_a_positioned_loader_as_in_0_9() -> None:
         assert isinstance(td.DataLoader2.from_state(theirs.state_dict(), None), td.DataLoader2)
 
 
-def test_torch_tensors_in_batches_survive_the_state() -> None:
+def test_the_state_survives_torch_save_and_a_weights_only_load() -> None:
     # the state dict is plain data that torch.save / torch.load(weights_only=True) keep
     import io
 

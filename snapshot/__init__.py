@@ -18,9 +18,11 @@ process or on another machine::
 See ``docs/`` for the concepts (graph, restore strategies, logical shards) and the file format.
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from snapshot._version import __version__
 from snapshot.capture import Snapshot, capture, load, save
-from snapshot.dataloader2 import DataLoader2, DataLoader2Iterator
 from snapshot.errors import (
     CorruptSnapshotError,
     EmptySnapshotError,
@@ -43,16 +45,50 @@ from snapshot.errors import (
     WorkerError,
 )
 from snapshot.format import read_manifest
-from snapshot.hooks import register_state_hook
-from snapshot.randomness import SeedGenerator
-from snapshot.reading_service._engine import GlobalRNG
-from snapshot.reading_service.base import ReadingServiceInterface
-from snapshot.reading_service.distributed import DistributedReadingService
-from snapshot.reading_service.in_process import InProcessReadingService
-from snapshot.reading_service.multiprocessing import MultiProcessingReadingService
-from snapshot.reading_service.sequential import SequentialReadingService
 from snapshot.restore import RestoreStrategy, restore
-from snapshot.sharding import WorkerInfo
+
+# The rest imports torch; it loads on first use, so that `snapshot inspect` and friends,
+# which only read manifests, start without it. (``capture`` and ``restore`` are imported
+# above: they share their names with their modules, which would otherwise shadow them.)
+_LAZY = {
+    "DataLoader2": "snapshot.dataloader2",
+    "DataLoader2Iterator": "snapshot.dataloader2",
+    "DistributedReadingService": "snapshot.reading_service.distributed",
+    "GlobalRNG": "snapshot.reading_service._engine",
+    "InProcessReadingService": "snapshot.reading_service.in_process",
+    "MultiProcessingReadingService": "snapshot.reading_service.multiprocessing",
+    "ReadingServiceInterface": "snapshot.reading_service.base",
+    "SeedGenerator": "snapshot.randomness",
+    "SequentialReadingService": "snapshot.reading_service.sequential",
+    "WorkerInfo": "snapshot.sharding",
+    "register_state_hook": "snapshot.hooks",
+}
+
+if TYPE_CHECKING:
+    from snapshot.dataloader2 import DataLoader2, DataLoader2Iterator
+    from snapshot.hooks import register_state_hook
+    from snapshot.randomness import SeedGenerator
+    from snapshot.reading_service._engine import GlobalRNG
+    from snapshot.reading_service.base import ReadingServiceInterface
+    from snapshot.reading_service.distributed import DistributedReadingService
+    from snapshot.reading_service.in_process import InProcessReadingService
+    from snapshot.reading_service.multiprocessing import MultiProcessingReadingService
+    from snapshot.reading_service.sequential import SequentialReadingService
+    from snapshot.sharding import WorkerInfo
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'snapshot' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "CorruptSnapshotError",

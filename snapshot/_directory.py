@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 from typing import Any
 
@@ -28,6 +29,7 @@ from snapshot.errors import CorruptSnapshotError, SnapshotFileError
 __all__ = ["MANIFEST", "commit", "is_directory_snapshot", "part_name", "read_parts", "staging"]
 
 MANIFEST = format.DIRECTORY_MANIFEST
+_PART_NAME = re.compile(r"rank-\d{5}\.snap")
 
 
 def part_name(rank: int) -> str:
@@ -79,7 +81,12 @@ def read_parts(src: str, *, key: bytes | str | None = None) -> tuple[dict[str, A
     manifest = format.read_container(path, key=key).manifest
     parts = []
     for entry in manifest.get("parts", []):
-        part_path = os.path.join(root, entry["file"])
+        name = entry.get("file") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not _PART_NAME.fullmatch(name):
+            raise CorruptSnapshotError(
+                f"the manifest lists a part named {name!r}, which is not a part file name "
+                "(rank-NNNNN.snap): refusing to read outside the snapshot directory", source=path)
+        part_path = os.path.join(root, name)
         try:
             with open(part_path, "rb") as f:
                 data = f.read()

@@ -14,7 +14,6 @@ from typing import Any
 import dill
 
 from snapshot.errors import SerializationError
-from snapshot.graph import Graph
 
 __all__ = ["clone", "dumps", "dumps_graph", "loads", "loads_graph"]
 
@@ -54,6 +53,12 @@ def loads(data: bytes, *, what: str = "object") -> Any:
     except Exception as exc:
         raise SerializationError(f"cannot unpickle the {what}: {type(exc).__name__}: {exc}") from exc
     raise SerializationError(f"cannot unpickle the {what}: unknown pickler tag {tag!r}")
+
+
+def _graph(datapipe: Any) -> Any:
+    from snapshot.graph import Graph  # torch, only when a graph is pickled
+
+    return Graph(datapipe)
 
 
 def _culprit(graph: Any) -> str:
@@ -103,7 +108,7 @@ class _ByValueClasses:
 
     def __init__(self, datapipe: Any):
         self.classes: list[type] = []
-        for node in Graph(datapipe):
+        for node in _graph(datapipe):
             cls = type(node.datapipe)
             if cls.__module__ == "__main__" and cls not in self.classes:
                 self.classes.append(cls)
@@ -139,7 +144,7 @@ def dumps_graph(datapipe: Any) -> bytes:
         with _ByValueClasses(datapipe):
             return _DILL + dill.dumps(datapipe, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:
-        detail = _culprit(Graph(datapipe))
+        detail = _culprit(_graph(datapipe))
         raise SerializationError(
             f"cannot pickle the DataPipe graph: {detail}. Make that value picklable, or save "
             "with include_graph=False and rebuild the same graph in code before restoring."

@@ -19,8 +19,6 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-import torch
-
 from snapshot import _directory, _serialization, format
 from snapshot._version import __version__
 from snapshot.errors import CorruptSnapshotError, SnapshotFileError
@@ -70,6 +68,8 @@ def _fingerprint(value: Any) -> str:
 @functools.lru_cache(maxsize=1)
 def _installed_versions() -> tuple[tuple[str, str], ...]:
     """Package versions, read once per process (reading package metadata costs milliseconds)."""
+    import torch
+
     versions = {"snapshot": __version__, "torch": str(torch.__version__), "python": platform.python_version()}
     for package in ("dill", "torchdata"):
         try:
@@ -243,12 +243,13 @@ class Snapshot:
                 "save_snapshot(directory) on every rank, or use state_dict()")
         return format.pack(self.manifest, self._payload, key=key)
 
-    def state_dict(self) -> dict[str, Any]:
-        """The plain-dict form: ``{"snapshot_format", "manifest", "payload"}``."""
+    def state_dict(self, *, key: bytes | str | None = None) -> dict[str, Any]:
+        """The plain-dict form: ``{"snapshot_format", "manifest", "payload"}`` (signed when a key
+        is given or ``$SNAPSHOT_KEY`` is set)."""
         if self.parts is not None:
             infos = [part_info(rank, part.manifest, part.to_bytes()) for rank, part in enumerate(self.parts)]
-            return parts_state_dict(infos, [part.to_bytes() for part in self.parts])
-        return format.to_state_dict(self.manifest, self._payload)
+            return parts_state_dict(infos, [part.to_bytes() for part in self.parts], key=key)
+        return format.to_state_dict(self.manifest, self._payload, key=key)
 
     @classmethod
     def from_container(cls, container: format.Container, *, source: str) -> Snapshot:
@@ -321,12 +322,13 @@ def distributed_manifest(infos: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return first
 
 
-def parts_state_dict(infos: Sequence[Mapping[str, Any]], parts: list[bytes]) -> dict[str, Any]:
+def parts_state_dict(infos: Sequence[Mapping[str, Any]], parts: list[bytes], *,
+                     key: bytes | str | None = None) -> dict[str, Any]:
     """The state-dict form of a distributed snapshot: the same three keys as any other."""
     manifest = distributed_manifest(infos)
     payload = format.join_parts(parts)
     manifest[format.PAYLOAD] = format.payload_record(payload)
-    return format.to_state_dict(manifest, payload)
+    return format.to_state_dict(manifest, payload, key=key)
 
 
 def merge_parts(manifest: dict[str, Any], parts: list[Snapshot]) -> Snapshot:
@@ -364,7 +366,7 @@ def load(src: Any, *, key: bytes | str | None = None) -> Snapshot:
         manifest, containers = _directory.read_parts(src, key=key)
         return merge_parts(manifest, [Snapshot.from_container(c, source=str(src)) for c in containers])
     if isinstance(src, Mapping):
-        container = format.from_state_dict(src)
+        container = format.from_state_dict(src, key=key)
         source = "<state_dict>"
         if "parts" in container.manifest:
             assert container.payload is not None

@@ -93,6 +93,7 @@ _FLAG_SIGNED = 1
 _MAX_MANIFEST = 64 * 1024 * 1024
 
 # Top-level manifest keys.
+SIGNATURE = "signature"  # in a state dict's manifest only (files carry theirs after the payload)
 FORMAT = "format"
 CREATED = "created"
 VERSIONS = "versions"
@@ -411,18 +412,35 @@ def atomic_write(dest: PathOrFile, data: bytes) -> None:
         os.close(dir_fd)
 
 
-def to_state_dict(manifest: Mapping[str, Any], payload: bytes) -> dict[str, Any]:
+def _state_dict_mac(secret: bytes, manifest: Mapping[str, Any]) -> str:
+    """HMAC of a state dict's manifest (canonical JSON; it records the payload's digest)."""
+    canonical = json.dumps({k: v for k, v in manifest.items() if k != SIGNATURE}, sort_keys=True,
+                           separators=(",", ":"))
+    return hmac.new(secret, canonical.encode(), hashlib.sha256).hexdigest()
+
+
+def to_state_dict(manifest: Mapping[str, Any], payload: bytes, *, key: bytes | str | None = None) -> dict[str, Any]:
     """The plain-dict form of a snapshot (survives ``torch.save``/``torch.load``).
 
     Always the same three keys, whatever the graph, position or number of ranks: frameworks
     that flatten nested dicts into keys (``torch.distributed.checkpoint``) need a loader's
-    state to have the same keys when saved and when loaded. The manifest is JSON text.
+    state to have the same keys when saved and when loaded. The manifest is JSON text. With a
+    key (or ``$SNAPSHOT_KEY``) the manifest carries an HMAC of itself, which covers the
+    payload through the digest it records.
     """
+    manifest = dict(manifest)
+    secret = resolve_key(key)
+    if secret is not None:
+        manifest[SIGNATURE] = _state_dict_mac(secret, manifest)
     return {STATE_DICT_MARKER: FORMAT_VERSION, "manifest": json.dumps(manifest), "payload": payload}
 
 
-def from_state_dict(state: Any, *, source: str = "<state_dict>") -> Container:
-    """Verify a dict made by :func:`to_state_dict` (the payload digest is in the manifest)."""
+def from_state_dict(state: Any, *, source: str = "<state_dict>", key: bytes | str | None = None) -> Container:
+    """Verify a dict made by :func:`to_state_dict` (the payload digest is in the manifest).
+
+    With a key (or ``$SNAPSHOT_KEY``) an unsigned or altered state dict is refused before
+    anything is unpickled.
+    """
     if not isinstance(state, Mapping) or STATE_DICT_MARKER not in state:
         keys = sorted(map(str, state.keys()))[:6] if isinstance(state, Mapping) else None
         hint = ""
@@ -442,6 +460,18 @@ def from_state_dict(state: Any, *, source: str = "<state_dict>") -> Container:
             "the state dict lacks its 'manifest' JSON text or its 'payload' bytes", source=source,
         )
     manifest = _parse_manifest(manifest_text.encode("utf-8", "surrogatepass"), source)
+    secret = resolve_key(key)
+    signed = isinstance(manifest.get(SIGNATURE), str)
+    if secret is not None:
+        if not signed:
+            raise SignatureError(
+                "a signing key was given but the state dict is not signed; refusing to unpickle it. Save "
+                "it with $SNAPSHOT_KEY set (or key=...), or load it without a key if you trust its origin.",
+                source=source)
+        if not hmac.compare_digest(manifest[SIGNATURE], _state_dict_mac(secret, manifest)):
+            raise SignatureError(
+                "the signature does not match this key: the state dict was signed with another key or "
+                "altered after signing. Do not restore it.", source=source)
     record = manifest.get(PAYLOAD)
     recorded = record.get("sha256") if isinstance(record, dict) else None
     if recorded != hashlib.sha256(payload).hexdigest():
@@ -449,7 +479,7 @@ def from_state_dict(state: Any, *, source: str = "<state_dict>") -> Container:
             "the payload checksum does not match the manifest: the state dict was altered; "
             "nothing was unpickled", source=source,
         )
-    return Container(manifest, bytes(payload), False, len(payload))
+    return Container(manifest, bytes(payload), signed, len(payload))
 
 
 _PART_SIZE = struct.Struct("<Q")

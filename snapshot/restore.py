@@ -24,14 +24,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from torch.utils.data import MapDataPipe
-
 from snapshot.errors import GraphMismatchError, StrategyError
-from snapshot.graph import ROOT, Graph, compare_nodes
-from snapshot.hooks import hook_for
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the graph and the hooks import torch: loaded when a restore is planned
     from snapshot.capture import Snapshot
+    from snapshot.graph import Graph
 
 __all__ = ["Plan", "RestoreStrategy", "check_graph", "make_plan", "needs_replay", "restore"]
 
@@ -56,6 +53,8 @@ class RestoreStrategy(str, enum.Enum):
 
 def check_graph(saved_nodes: list[dict[str, Any]], graph: Graph) -> None:
     """Raise :class:`GraphMismatchError` naming every node that differs."""
+    from snapshot.graph import compare_nodes
+
     diffs = compare_nodes(saved_nodes, graph)
     if not diffs:
         return
@@ -72,6 +71,10 @@ def check_graph(saved_nodes: list[dict[str, Any]], graph: Graph) -> None:
 
 def needs_replay(graph: Graph, nodes: set[str] | None = None) -> dict[str, str]:
     """Nodes (of ``nodes``, default all) that cannot be restored from state, with the reason."""
+    from torch.utils.data import MapDataPipe
+
+    from snapshot.hooks import hook_for
+
     reasons: dict[str, str] = {}
     for node in graph.nodes:
         if nodes is not None and node.path not in nodes:
@@ -175,6 +178,8 @@ def make_plan(graph: Graph, counts: Mapping[str, int | None], strategy: RestoreS
     ``ports`` are nodes fed from outside the part (a logical shard's input): they are put
     back by their owner, never replayed.
     """
+    from snapshot.graph import ROOT
+
     sinks = sinks or [ROOT]
     part = _Part(graph, sinks, ports)
     reasons = needs_replay(graph, part.nodes - ports)

@@ -160,12 +160,27 @@ def test_the_signature_covers_the_manifest_too(tmp_path) -> None:
         snapshot.load(bytes(forged), key=KEY)
 
 
-@pytest.mark.xfail(strict=True, reason="capture.load ignores key= for a state dict, which cannot be signed: "
-                                       "with a key it should refuse one (reported to the owners of capture.py)")
 def test_a_state_dict_is_refused_when_a_key_is_required() -> None:
     state = saved_loader().state_dict()
-    with pytest.raises(snapshot.SignatureError):
+    with pytest.raises(snapshot.SignatureError, match="not signed"):
         snapshot.load(state, key=KEY)
+
+
+def test_state_dicts_are_signed_with_the_environment_key(monkeypatch) -> None:
+    import json
+
+    monkeypatch.setenv(fmt.KEY_ENV, KEY)
+    loader = saved_loader()
+    state = loader.state_dict()
+    assert sorted(state) == ["manifest", "payload", "snapshot_format"]  # still the same keys
+    assert snapshot.load(state).manifest["signature"]
+    fresh = snapshot.DataLoader2(graphs.linear())
+    fresh.load_state_dict(state)  # verified with $SNAPSHOT_KEY
+    other = dict(state, manifest=json.dumps({**json.loads(state["manifest"]), "loader": {"epoch": 9}}))
+    with pytest.raises(snapshot.SignatureError, match="altered after signing"):
+        snapshot.load(other)
+    with pytest.raises(snapshot.SignatureError, match="another key"):
+        snapshot.load(state, key="not the key")
 
 
 def test_verify_gives_the_same_verdicts(tmp_path) -> None:

@@ -312,3 +312,15 @@ def test_torchrun_smoke(tmp_path) -> None:
                            str(script)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "rank 0 OK 48" in proc.stdout and "rank 1 OK 48" in proc.stdout
+
+
+def test_a_manifest_naming_files_outside_the_directory_is_refused(tmp_path) -> None:
+    from snapshot import format as fmt
+
+    directory = tmp_path / "evil.snap"
+    directory.mkdir()
+    (tmp_path / "secret").write_bytes(b"not yours")
+    manifest = {"format": 1, "parts": [{"rank": 0, "file": "../secret", "sha256": "0" * 64, "size": 9}]}
+    (directory / "manifest.snap").write_bytes(fmt.pack(manifest, b""))
+    with pytest.raises(snapshot.CorruptSnapshotError, match="not a part file name"):
+        snapshot.load(str(directory))

@@ -472,7 +472,10 @@ class DataLoader2(Generic[T_co]):
         """A plain dict (JSON-able manifest + payload bytes) that resumes mid-epoch.
 
         It survives ``torch.save``/``torch.load`` (``weights_only=True`` included), and is
-        what accelerate, Lightning and ``torch.distributed.checkpoint`` save.
+        what accelerate and ``torch.distributed.checkpoint`` save as they are. Lightning saves
+        it too, but its fetcher takes one batch ahead of the training step: wrap the loader in
+        :class:`snapshot.integrations.lightning.LightningLoader`, or the resume comes one
+        batch late. In a distributed run this is a collective: call it on every rank.
         """
         snap = capture(self, include_graph=True)
         collective = self._collective()

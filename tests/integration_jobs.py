@@ -30,8 +30,13 @@ def job_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_job(args: list[str], *, cwd: Path, timeout: float = 240, env: dict[str, str] | None = None) -> str:
-    """Run ``python *args`` in ``cwd``; its output, or an ``AssertionError`` with it if it failed."""
+def run_job(args: list[str], *, cwd: Path, timeout: float = 240, env: dict[str, str] | None = None,
+            fails: bool = False) -> str:
+    """Run ``python *args`` in ``cwd``; its output, or an ``AssertionError`` with it if it failed.
+
+    With ``fails=True`` the job is expected to fail (a crash the test provokes): then the
+    ``AssertionError`` is for a job that succeeded.
+    """
     process = subprocess.Popen([sys.executable, *args], cwd=cwd, env=env or job_env(), text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -42,7 +47,9 @@ def run_job(args: list[str], *, cwd: Path, timeout: float = 240, env: dict[str, 
         raise AssertionError(f"the job {args} did not finish within {timeout:g} s:\n{output[-4000:]}") from None
     finally:
         _kill_group(process.pid)  # whatever it started and left behind
-    if process.returncode != 0:
+    if fails and process.returncode == 0:
+        raise AssertionError(f"the job {args} was expected to fail but succeeded:\n{output[-6000:]}")
+    if not fails and process.returncode != 0:
         raise AssertionError(f"the job {args} failed with exit code {process.returncode}:\n{output[-6000:]}")
     return output
 

@@ -2,8 +2,9 @@
 
     python -m benchmarks.plot RESULTS.json [--out DIR]
 
-Writes ``restore.svg`` (restore latency against position, log-log) and ``iterate.svg``
-(in-process throughput per loader) into ``DIR`` (default: beside the results file). The
+Writes ``restore.svg`` (restore latency against position, log-log), ``iterate.svg``
+(in-process throughput per loader) and ``workers.svg`` (throughput with 2 worker processes,
+per loader), for the results the file holds, into ``DIR`` (default: beside the results file). The
 docs' benchmarks page shows the figures made from the results file committed beside them.
 Needs matplotlib (the ``docs`` extra).
 """
@@ -72,6 +73,23 @@ def plot_iterate(results: dict[str, Any], path: str) -> None:
     plt.close(fig)
 
 
+def plot_workers(results: dict[str, Any], path: str) -> None:
+    plt = _figure()
+    epochs = results["epoch_seconds"]
+    names = list(epochs)
+    labels = ["snapshot DataLoader2" if n == "ours" else n for n in names]
+    rates = [results["samples"] / epochs[n]["warm"] for n in names]
+    fig, ax = plt.subplots(figsize=(7, 2.8))
+    ax.barh(labels, rates)
+    ax.invert_yaxis()
+    ax.set_xlabel("samples per second, warm epoch (higher is better)")
+    ax.set_title(f"2 worker processes, {results['samples']:,} samples of 16 KiB, batch {results['batch']}")
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, metadata={"Date": None})
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> list[str]:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.plot", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -89,8 +107,11 @@ def main(argv: list[str] | None = None) -> list[str]:
     if "iterate" in results:
         written.append(os.path.join(out, "iterate.svg"))
         plot_iterate(results["iterate"], written[-1])
+    if "workers" in results:
+        written.append(os.path.join(out, "workers.svg"))
+        plot_workers(results["workers"], written[-1])
     if not written:
-        parser.error(f"{args.results} holds no 'restore' or 'iterate' results")
+        parser.error(f"{args.results} holds no 'restore', 'iterate' or 'workers' results")
     for path in written:
         print(path)
     return written

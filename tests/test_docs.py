@@ -128,6 +128,6 @@ def test_benchmark_figures_can_be_made_again(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "benchmarks.plot", str(results[-1]), "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    for figure in ("restore.svg", "iterate.svg"):
+    for figure in ("restore.svg", "iterate.svg", "workers.svg"):
         assert (tmp_path / figure).stat().st_size > 1000
         assert (DOCS / "benchmarks" / figure).exists(), f"docs/benchmarks/{figure} is not committed"

@@ -56,38 +56,33 @@ def plot_restore(results: dict[str, Any], path: str) -> None:
     plt.close(fig)
 
 
-def plot_iterate(results: dict[str, Any], path: str) -> None:
+def _bars(rates: dict[str, float], path: str, *, xlabel: str, title: str, height: float) -> None:
+    """A horizontal bar per loader, in the results' order (ours labelled by its name)."""
     plt = _figure()
-    seconds = {k: v for k, v in results["seconds"].items() if v == v}  # drop NaN
-    names = list(seconds)
-    labels = ["snapshot DataLoader2" if n == "ours" else n for n in names]
-    rates = [results["samples"] / seconds[n] / 1e3 for n in names]
-    fig, ax = plt.subplots(figsize=(7, 3.2))
-    ax.barh(labels, rates)
+    labels = ["snapshot DataLoader2" if n == "ours" else n for n in rates]
+    fig, ax = plt.subplots(figsize=(7, height))
+    ax.barh(labels, list(rates.values()))
     ax.invert_yaxis()
-    ax.set_xlabel("thousand samples per second (higher is better)")
-    ax.set_title(f"In-process iteration, {results['samples']:,} samples")
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
     ax.grid(True, axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, metadata={"Date": None})
     plt.close(fig)
+
+
+def plot_iterate(results: dict[str, Any], path: str) -> None:
+    samples = results["samples"]
+    rates = {n: samples / s / 1e3 for n, s in results["seconds"].items() if s == s}  # drop NaN
+    _bars(rates, path, xlabel="thousand samples per second (higher is better)",
+          title=f"In-process iteration, {samples:,} samples", height=3.2)
 
 
 def plot_workers(results: dict[str, Any], path: str) -> None:
-    plt = _figure()
-    epochs = results["epoch_seconds"]
-    names = list(epochs)
-    labels = ["snapshot DataLoader2" if n == "ours" else n for n in names]
-    rates = [results["samples"] / epochs[n]["warm"] for n in names]
-    fig, ax = plt.subplots(figsize=(7, 2.8))
-    ax.barh(labels, rates)
-    ax.invert_yaxis()
-    ax.set_xlabel("samples per second, warm epoch (higher is better)")
-    ax.set_title(f"2 worker processes, {results['samples']:,} samples of 16 KiB, batch {results['batch']}")
-    ax.grid(True, axis="x", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, metadata={"Date": None})
-    plt.close(fig)
+    samples = results["samples"]
+    rates = {n: samples / epoch["warm"] for n, epoch in results["epoch_seconds"].items()}
+    _bars(rates, path, xlabel="samples per second, warm epoch (higher is better)",
+          title=f"2 worker processes, {samples:,} samples of 16 KiB, batch {results['batch']}", height=2.8)
 
 
 def main(argv: list[str] | None = None) -> list[str]:

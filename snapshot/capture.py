@@ -348,7 +348,8 @@ def merge_parts(manifest: dict[str, Any], parts: list[Snapshot]) -> Snapshot:
                     shards[index] = record
         merged = {key: value for key, value in services[0].items() if key != "merge"}
         merged.update(shards=shards, upstream=[u for service in services for u in service["upstream"]],
-                      ranks=[{"rank": i, "merge": service.get("merge")} for i, service in enumerate(services)])
+                      ranks=[{"rank": i, "merge": service.get("merge"), "even_batches": service.get("even_batches")}
+                             for i, service in enumerate(services)])
         state["service"] = merged
     return Snapshot(manifest, state, first.graph, first.service, b"", parts=parts)
 

@@ -49,9 +49,9 @@ def epochs_on_rank(rank, world, workers, epochs, factory=unique_graph):
         return [list(loader) for _ in range(epochs)]
 
 
-def save_at(rank, world, workers, steps, directory, state_path=None, logical_shards=None):
-    with snapshot.DataLoader2(unique_graph(), reading_service=service(workers, logical_shards=logical_shards)) \
-            as loader:
+def save_at(rank, world, workers, steps, directory, state_path=None, logical_shards=None, policy=None):
+    with snapshot.DataLoader2(unique_graph(), reading_service=service(workers, logical_shards=logical_shards,
+                                                                      even_batches=policy)) as loader:
         loader.seed(11)
         seen, it = read(loader, steps)
         loader.save_snapshot(directory)
@@ -65,8 +65,10 @@ def save_at(rank, world, workers, steps, directory, state_path=None, logical_sha
     return {"seen": seen, "rest": rest, "following": following, "manifest_keys": sorted(state)}
 
 
-def restore_from(rank, world, workers, source):
-    with snapshot.DataLoader2(unique_graph(), reading_service=service(workers)) as loader:
+def restore_from(rank, world, workers, source, policy=None):
+    """The rest of the epoch and the next one; ``policy=None``: each rank its whole share (the
+    exactly-once checks below count every sample)."""
+    with snapshot.DataLoader2(unique_graph(), reading_service=service(workers, even_batches=policy)) as loader:
         if source.endswith(".pt"):
             import torch
 

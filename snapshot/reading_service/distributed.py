@@ -12,6 +12,12 @@ the manifest, and the directory appears atomically; ``state_dict()`` gathers eve
 onto R' x W' whenever the saved logical shards allow it, each logical shard continuing exactly
 where it stopped, so nothing is lost or repeated over the rest of the epoch.
 
+Ranks end every epoch together by default (``even_batches="drop"``, torchdata 0.9's behaviour):
+a rank's share can be one sample longer than another's (or more, after a ``filter``), and a
+collective after the loop (a DDP step, a barrier) would otherwise wait for a rank that is still
+reading. The policies are in :data:`EVEN_BATCHES`; the one in force is recorded in the
+snapshot's layout, and what ``"pad"`` repeats is saved with each rank's part.
+
 Every collective runs on a gloo group created with ``timeout``; a rank that dies or hangs turns
 into a :class:`~snapshot.RankError` on the others within that time.
 """
@@ -41,7 +47,9 @@ from snapshot.sharding import analyze
 
 __all__ = ["Collective", "DistributedReadingService"]
 
-EVEN_BATCHES = (None, "drop", "pad")
+#: ``even_batches`` values: every rank stops when the first runs out (the default), ranks that
+#: run out repeat their last sample until all are done, or each rank yields its own share.
+EVEN_BATCHES = ("drop", "pad", None)
 
 
 class Collective:
@@ -134,10 +142,12 @@ class DistributedReadingService(ReadingServiceInterface):
     Args:
         timeout: seconds any collective of the loader may take (gloo group timeout).
         logical_shards: L (default: ranks x workers per rank). Fixed by the first run.
-        even_batches: ``None`` (each rank yields its share), ``"drop"`` (every rank stops as
-            soon as one runs out, dropping the others' remainders) or ``"pad"`` (ranks that run
-            out repeat their last sample until all are done) so that every rank yields the same
-            number of batches and collectives in the training step do not hang. Both cost one
+        even_batches: ``"drop"`` (default, as torchdata 0.9: every rank stops as soon as one
+            runs out, dropping the others' remainders), ``"pad"`` (ranks that run out repeat
+            their last sample until all are done) or ``None`` (each rank yields its whole
+            share, and ranks may end the epoch after different numbers of samples). With
+            ``"drop"`` and ``"pad"`` every rank yields the same number of samples, so a
+            collective in the training step or after the loop does not hang; each costs one
             tiny all-reduce per sample.
         executor: runs this rank's shards (default :class:`InProcessReadingService`);
             ``SequentialReadingService(DistributedReadingService(), MultiProcessingReadingService(n))``
@@ -145,11 +155,12 @@ class DistributedReadingService(ReadingServiceInterface):
     """
 
     def __init__(self, timeout: float = 1800.0, *, logical_shards: int | None = None,
-                 even_batches: str | None = None, executor: ShardedService | None = None):
+                 even_batches: str | None = "drop", executor: ShardedService | None = None):
         if not dist.is_available():
             raise RuntimeError("torch.distributed is not available in this build of torch")
         if even_batches not in EVEN_BATCHES:
-            raise ValueError(f"even_batches must be one of {EVEN_BATCHES}, got {even_batches!r}")
+            raise ValueError(f"even_batches must be one of {EVEN_BATCHES} (\"drop\": every rank stops when the "
+                             f"first runs out), got {even_batches!r}")
         if timeout <= 0:
             raise ValueError("timeout must be > 0 seconds: every collective has a limit")
         self.timeout = float(timeout)
@@ -157,10 +168,12 @@ class DistributedReadingService(ReadingServiceInterface):
         self.even_batches = even_batches
         self.executor: ShardedService = executor if executor is not None else InProcessReadingService()
         self._collective: Collective | None = None
+        self._even: _EvenBatches | None = None  # the current epoch's (with a policy)
+        self._resume_last: list[Any] | None = None  # what "pad" repeats, from a restored snapshot
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_collective"] = None
+        state.update(_collective=None, _even=None, _resume_last=None)
         return state
 
     @property
@@ -216,6 +229,7 @@ class DistributedReadingService(ReadingServiceInterface):
         states = collective.all_gather(seed_generator.state(), "checking the epoch's seeds")
         if any(state != states[0] for state in states):
             seed_generator.set_state(states[0])  # rank 0's seeds drive every rank
+        self._even, self._resume_last = None, None
         return self.executor.initialize_iteration(seed_generator, iter_reset_fn)
 
     def finalize_iteration(self) -> None:
@@ -237,7 +251,9 @@ class DistributedReadingService(ReadingServiceInterface):
         if state:
             collective = self._connect()
             state["service"] = type(self).__name__
-            state["layout"] = {**state["layout"], "ranks": collective.world, "rank": collective.rank}
+            state["layout"] = {**state["layout"], "ranks": collective.world, "rank": collective.rank,
+                               "even_batches": self.even_batches}
+            state["even_batches"] = self._even.state() if self._even is not None else _EvenBatches.initial()
         return state
 
     def validate(self, state: ServiceState) -> list[str]:
@@ -264,6 +280,7 @@ class DistributedReadingService(ReadingServiceInterface):
         if self.executor._executor is None:
             datapipe = self.executor._prepare(datapipe)
         self.executor.restore(datapipe, state, strategy=strategy, shards=self.owned(count))
+        self._even, self._resume_last = None, _saved_last(state, self._connect().rank)
         return _Output(self)
 
     def progress(self) -> tuple[int, bool]:
@@ -273,18 +290,44 @@ class DistributedReadingService(ReadingServiceInterface):
         local = self.executor.stream()
         if self.even_batches is None:
             return local
-        return _EvenBatches(local, self._connect(), self.even_batches)
+        self._even = _EvenBatches(local, self._connect(), self.even_batches, self._resume_last)
+        self._resume_last = None
+        return self._even
+
+
+def _saved_last(state: ServiceState, rank: int) -> list[Any]:
+    """The sample ``"pad"`` repeats on ``rank`` after a restore: the one this rank saved; after a
+    restore onto another number of ranks, one that a saved rank had (its own number first)."""
+    saved = [r.get("even_batches") for r in state.get("ranks", [])] or [state.get("even_batches")]
+    order = ([rank] if rank < len(saved) else []) + [r for r in range(len(saved)) if r != rank]
+    for index in order:
+        record = saved[index]
+        if record and record.get("last"):
+            return list(record["last"])
+    return []
 
 
 class _EvenBatches(Iterator[Any]):
-    """Every rank yields the same number of samples (see ``even_batches``)."""
+    """Every rank yields the same number of samples (see ``even_batches``).
 
-    def __init__(self, local: Iterator[Any], collective: Collective, policy: str):
+    ``last`` is the last sample this rank's share yielded (``[]`` or ``[sample]``): ``"pad"``
+    repeats it once the share runs out, so it is part of the snapshot.
+    """
+
+    def __init__(self, local: Iterator[Any], collective: Collective, policy: str, last: list[Any] | None = None):
         self.local = local
         self.collective = collective
         self.policy = policy
-        self.last: Any = None
+        self.last: list[Any] = list(last or [])
+        self.padded = 0
         self.done = False
+
+    @staticmethod
+    def initial() -> dict[str, Any]:
+        return {"last": [], "padded": 0}
+
+    def state(self) -> dict[str, Any]:
+        return {"last": list(self.last) if self.policy == "pad" else [], "padded": self.padded}
 
     def __iter__(self) -> _EvenBatches:
         return self
@@ -307,11 +350,15 @@ class _EvenBatches(Iterator[Any]):
             self.done = True
             raise StopIteration
         if has:
-            self.last = item
+            self.last = [item]
             return item
-        if self.last is None:
-            raise RankError(f"rank {self.collective.rank} has no sample at all to pad its share with")
-        return self.last
+        if not self.last:
+            raise RankError(
+                f"rank {self.collective.rank} has no sample at all to pad its share with (even_batches=\"pad\" "
+                "repeats a rank's last sample): give the graph at least one sample per rank, or use "
+                "even_batches=\"drop\"")
+        self.padded += 1
+        return self.last[0]
 
 
 class _Output:

@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 
 from torch.utils.data import IterDataPipe, MapDataPipe
 
-from snapshot import _serialization
+from snapshot import _lightning_guard, _serialization
 from snapshot._fingerprint import sample_fingerprint
 from snapshot.capture import LoaderState, Snapshot, capture, decode_nodes, part_info, parts_state_dict, save
 from snapshot.errors import LayoutError, RankError, SnapshotError, VerificationError
@@ -475,8 +475,10 @@ class DataLoader2(Generic[T_co]):
         what accelerate and ``torch.distributed.checkpoint`` save as they are. Lightning saves
         it too, but its fetcher takes one batch ahead of the training step: wrap the loader in
         :class:`snapshot.integrations.lightning.LightningLoader`, or the resume comes one
-        batch late. In a distributed run this is a collective: call it on every rank.
+        batch late (a bare loader in Lightning's fit loop raises a ``SnapshotError`` that says so).
+        In a distributed run this is a collective: call it on every rank.
         """
+        _lightning_guard.check_caller("state_dict")
         snap = capture(self, include_graph=True)
         collective = self._collective()
         if collective is None:
@@ -489,6 +491,7 @@ class DataLoader2(Generic[T_co]):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore from :meth:`state_dict` (mid-epoch; ``strategy="auto"``)."""
+        _lightning_guard.check_caller("load_state_dict")
         self.restore_snapshot(state_dict)
 
     @classmethod

@@ -161,7 +161,55 @@ def checks(spec: dict[str, Any]) -> None:
         LightningLoader(make_graph(), wrapped.trainer)  # type: ignore[arg-type]
     except TypeError as exc:
         found["not_a_loader"] = str(exc)
+    found.update(bare_loader(spec["out"]))
     write_result(spec["out"], "checks", 0, found)
+
+
+def bare_loader(out: str) -> dict[str, str]:
+    """A bare DataLoader2 in Lightning's fit loop: refused when Lightning saves it and loads it."""
+    import lightning as L
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    import snapshot
+    from snapshot.integrations.lightning import LightningLoader
+
+    class Tiny(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            return self.layer(batch.float().unsqueeze(1)).pow(2).mean()
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=1e-4)
+
+    def fit(loader: Any, checkpoints: bool, ckpt_path: str | None = None) -> None:
+        callbacks = [ModelCheckpoint(dirpath=out, filename="{step}", every_n_train_steps=2)] if checkpoints else []
+        L.Trainer(max_steps=4, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                  enable_model_summary=False, enable_checkpointing=checkpoints, callbacks=callbacks,
+                  default_root_dir=out).fit(Tiny(), train_dataloaders=loader, ckpt_path=ckpt_path)
+
+    found = {}
+    with snapshot.DataLoader2(make_graph()) as loader:
+        try:
+            fit(loader, True)
+        except snapshot.SnapshotError as exc:
+            found["bare_save"] = str(exc)
+    with snapshot.DataLoader2(make_graph()) as loader:
+        trainer_for_wrapper = L.Trainer(max_steps=4, accelerator="cpu", devices=1, logger=False,
+                                        enable_progress_bar=False, enable_model_summary=False,
+                                        callbacks=[ModelCheckpoint(dirpath=out, filename="wrapped-{step}",
+                                                                   every_n_train_steps=2, save_top_k=-1)],
+                                        default_root_dir=out)
+        trainer_for_wrapper.fit(Tiny(), train_dataloaders=LightningLoader(loader, trainer_for_wrapper))
+    with snapshot.DataLoader2(make_graph()) as loader:
+        try:
+            fit(loader, False, str(Path(out) / "wrapped-step=2.ckpt"))
+        except snapshot.SnapshotError as exc:
+            found["bare_load"] = str(exc)
+    return found
 
 
 # -- the tests ---------------------------------------------------------------------------------
@@ -253,7 +301,7 @@ def test_ddp_fit_resumes_on_every_rank(tmp_path: Path) -> None:
     first = [set(map(tuple, r["seen"][:8])) for r in full]
     assert not first[0] & first[1], "the two ranks must read different batches"
     # onto one device: from the end of an epoch, the next epoch is both ranks' batches; from
-    # mid-epoch (Lightning had fetched a batch ahead on each rank), a clear refusal
+    # mid-epoch, the batch each rank's fetcher had taken ahead, then the rest of both shares
     checkpoints = tmp_path / "ckpt"
     run(tmp_path, {"task": "resume", "name": "alone", "devices": 1, "workers": 0, "steps": 32,
                    "resume": [str(checkpoints / "end-epoch=1.ckpt"), str(checkpoints / "step=3.ckpt")]})
@@ -263,8 +311,20 @@ def test_ddp_fit_resumes_on_every_rank(tmp_path: Path) -> None:
     assert alone["end-epoch=1"]["start"] == 16 and len(got) == 16
     assert Counter(both) <= Counter(got)
     assert sorted(x for b in got for x in b) == list(range(60))  # one whole epoch, every sample once
-    assert "written mid-epoch by 2 rank(s)" in alone["step=3"]["error"]
-    assert "resume it on 2 rank(s)" in alone["step=3"]["error"]
+    mid = alone["step=3"]
+    assert mid["start"] == 3 and len(mid["seen"]) == 29
+    before = [x for rank in full for b in rank["seen"][:3] for x in b]
+    assert sorted(before + [x for b in mid["seen"][:10] for x in b]) == list(range(60))  # epoch 0: once each
+    assert [tuple(b) for b in mid["seen"][:2]] == [tuple(rank["seen"][3]) for rank in full]  # taken ahead
+    assert sorted(x for b in mid["seen"][10:26] for x in b) == list(range(60))  # epoch 1, whole
+    # onto three: the 2 batches taken ahead cannot be shared equally, and DDP needs equal steps
+    run(tmp_path, {"task": "resume", "name": "three", "devices": 3, "workers": 0,
+                   "resume": [str(checkpoints / "step=3.ckpt")]})
+    for rank in read_results(tmp_path, "three"):
+        assert rank["step=3"]["seen"] == []
+        error = rank["step=3"]["error"]
+        assert "written mid-epoch on 2 rank(s), whose fetchers had taken 2 batch(es) ahead" in error, error
+        assert "Resume on a number of devices that divides 2" in error
 
 
 def test_reading_service_follows_the_strategy_and_refusals_are_clear(tmp_path: Path) -> None:
@@ -281,6 +341,10 @@ def test_reading_service_follows_the_strategy_and_refusals_are_clear(tmp_path: P
     assert "not a LightningLoader state" in found["bare_state"]
     assert "DataLoader2.load_state_dict()" in found["bare_state"]
     assert "wraps a snapshot.DataLoader2, got" in found["not_a_loader"]
+    assert "asked a bare snapshot.DataLoader2 for its state" in found["bare_save"]
+    assert "one batch late" in found["bare_save"] and "LightningLoader(loader, self.trainer)" in found["bare_save"]
+    assert "restoring a bare snapshot.DataLoader2" in found["bare_load"]
+    assert "LightningLoader(loader, self.trainer)" in found["bare_load"]
 
 
 

@@ -3,7 +3,8 @@
 41 samples do not divide among 2 or 3 ranks. Every rank function below runs the training
 step's collective (an all-reduce, as DDP's gradient sync) once per sample and a collective
 after the loop, on the default group with a short timeout: with ranks that end an epoch after
-different numbers of samples, the last of them never completes (the control test shows it).
+different numbers of samples, their collectives stop matching, and one fails or waits until the
+timeout (the control test shows it).
 
 Snapshots stay exact under each policy: at the end of an epoch in which ``"drop"`` dropped a
 sample (the next epoch is the uninterrupted run's, on the same ranks and on others), mid-epoch

@@ -10,7 +10,7 @@ __all__ = ["EVEN_BATCHES_DEFAULT", "choose"]
 
 #: Ranks of a data-parallel job must take the same number of steps, or a gradient all-reduce
 #: waits forever: by default every rank stops when the first one runs out ("drop", which
-#: keeps snapshots exact and drops at most one batch per rank and epoch).
+#: keeps snapshots exact and drops the tails of the longer shares; see DistributedReadingService).
 EVEN_BATCHES_DEFAULT = "drop"
 
 

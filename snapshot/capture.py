@@ -268,6 +268,10 @@ def capture(loader: Any, *, include_graph: bool = True, verify: int = 0) -> Snap
     from a buffer, so nothing is lost), and their fingerprints are recorded: a restore
     compares them with the samples it produces and refuses a stream that diverges.
     """
+    from snapshot.restore import check_restorable
+
+    if getattr(loader, "_graph", None) is not None:
+        check_restorable(loader._graph)  # refuse before anything is computed ahead or written
     source: LoaderState = loader._snapshot_source(include_graph=include_graph, verify=verify)
     state = source.restore_state()
     state["service"] = _encode_nodes(source.service)

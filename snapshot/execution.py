@@ -19,7 +19,7 @@ replay reproduced the saved counts.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from torch.utils.data import MapDataPipe
@@ -30,7 +30,7 @@ from snapshot.hooks import StateHook, hook_for
 from snapshot.hooks._base import ResumableIterator, _note
 from snapshot.restore import Plan
 
-__all__ = ["CountingIterator", "NodeRecord", "Run", "capture_persistent", "restore_persistent"]
+__all__ = ["CountingIterator", "NodeRecord", "Run", "capture_persistent", "restore_persistent", "rewind"]
 
 #: Keys of a node record (one per node in a capture).
 YIELDED = "yielded"
@@ -105,6 +105,27 @@ def restore_persistent(graph: Graph, states: Mapping[str, Any]) -> None:
             hook.iterator.load_persistent_state(graph[path].datapipe, state)
 
 
+def rewind(graph: Graph, records: Mapping[str, NodeRecord], paths: Iterable[str]) -> None:
+    """Put the pipes at ``paths`` back as they were when the saved epoch began (before they
+    are replayed from its start), from their saved records."""
+    for path in paths:
+        record = records.get(path)
+        if record is None or record.get(STATE) is None:
+            continue
+        hook = hook_for(graph[path].datapipe)
+        if hook is not None and hook.iterator is not None:
+            hook.iterator.rewind(graph[path].datapipe, record[STATE])
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists, recursively: a state as it reads after a trip through a snapshot."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
 class Run(Iterator[Any]):
     """Iterates ``graph`` from ``sink`` for one epoch, with a readable position.
 
@@ -147,6 +168,7 @@ class Run(Iterator[Any]):
         self.exhausted = False
         if records is not None and plan is not None:
             self._replay_drivers(plan, records)
+            self._check_replay(plan, records)
 
     # -- building -------------------------------------------------------------------------
 
@@ -166,6 +188,8 @@ class Run(Iterator[Any]):
         datapipe = node.datapipe
         hook = self._hooks[path] = hook_for(datapipe)
         record = self._restored(path)
+        if path in self._replay and path not in self._fresh and self._records is not None:
+            rewind(self.graph, self._records, [path])
         if hook is not None and hook.iterator is not None:
             inputs = [self._input(p) for p in node.inputs]
             cell = hook.iterator(datapipe, inputs)
@@ -232,20 +256,37 @@ class Run(Iterator[Any]):
                         ) from None
                     break
                 done += 1
+
+    def _check_replay(self, plan: Plan, records: Mapping[str, NodeRecord]) -> None:
+        """Refuse a replay that did not end where the snapshot says: every replayed node must
+        have yielded its saved count, be exhausted exactly when it was, and (for hooks that
+        name them) hold the same generator states and flags."""
         diverged = []
-        for path in plan.replay:
-            saved = records.get(path, {}).get(YIELDED)
+        for path in sorted(plan.replay):
+            record = records.get(path, {})
+            saved = record.get(YIELDED)
             cell = self._cells.get(path)
             if saved is None or cell is None:
                 continue
+            where = f"  {path} ({self.graph[path].signature}): "
             if cell.yielded != saved:
-                diverged.append(f"  {path} ({self.graph[path].signature}): saved {saved}, "
-                                f"replayed {cell.yielded}")
+                diverged.append(f"{where}saved {saved}, replayed {cell.yielded}")
+            elif bool(getattr(cell, "exhausted", False)) != bool(record.get(EXHAUSTED)):
+                ended = bool(record.get(EXHAUSTED))
+                diverged.append(f"{where}after {saved} samples it had {'' if ended else 'not '}reached the end "
+                                f"of its epoch in the snapshot, and had {'not ' if ended else ''}in the replay")
+            elif isinstance(cell, ResumableIterator) and cell.replay_checked and record.get(STATE) is not None:
+                state = cell.get_state()
+                keys = [k for k in cell.replay_checked
+                        if k in record[STATE] and _plain(state.get(k)) != _plain(record[STATE][k])]
+                if keys:
+                    diverged.append(f"{where}after {saved} samples its {', '.join(keys)} differ from "
+                                    "the snapshot's")
         if diverged:
             raise RestoreError(
                 "replaying the graph did not reproduce the saved position:\n" + "\n".join(diverged)
                 + "\nA pipe in the replayed part is not deterministic for a given seed (it draws "
-                "from an unseeded random source, or reads data that changed)."
+                "from an unseeded random source, or reads data that changed). Nothing was restored."
             )
 
     def cell(self, path: str) -> Any:

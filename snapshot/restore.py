@@ -24,13 +24,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from snapshot.errors import GraphMismatchError, StrategyError
+from snapshot.errors import GraphMismatchError, RestoreError, StrategyError
 
 if TYPE_CHECKING:  # the graph and the hooks import torch: loaded when a restore is planned
     from snapshot.capture import Snapshot
     from snapshot.graph import Graph
 
-__all__ = ["Plan", "RestoreStrategy", "check_graph", "make_plan", "needs_replay", "restore"]
+__all__ = ["Plan", "RestoreStrategy", "check_graph", "check_restorable", "make_plan", "needs_replay", "restore"]
 
 
 class RestoreStrategy(str, enum.Enum):
@@ -67,6 +67,24 @@ def check_graph(saved_nodes: list[dict[str, Any]], graph: Graph) -> None:
         "DataLoader2.from_snapshot(...) to restore with the graph pickled inside it.",
         [(d.path, d.saved, d.current) for d in diffs],
     )
+
+
+def check_restorable(graph: Graph, nodes: set[str] | None = None) -> None:
+    """Raise :class:`RestoreError` naming every node (of ``nodes``, default all) that no
+    strategy can put back (see :func:`snapshot.hooks.register_refusal`)."""
+    from snapshot.hooks import refusal_for
+
+    refused = []
+    for node in graph.nodes:
+        if nodes is None or node.path in nodes:
+            reason = refusal_for(node.datapipe)
+            if reason is not None:
+                refused.append(f"  {node.path}: {node.signature}: {reason}")
+    if refused:
+        raise RestoreError(
+            f"this graph cannot be snapshotted exactly: {len(refused)} node(s) draw from a "
+            "generator that neither a state hook nor a replay can put back:\n" + "\n".join(refused)
+        )
 
 
 def needs_replay(graph: Graph, nodes: set[str] | None = None) -> dict[str, str]:
@@ -182,6 +200,7 @@ def make_plan(graph: Graph, counts: Mapping[str, int | None], strategy: RestoreS
 
     sinks = sinks or [ROOT]
     part = _Part(graph, sinks, ports)
+    check_restorable(graph, part.nodes - ports)
     reasons = needs_replay(graph, part.nodes - ports)
     if strategy is RestoreStrategy.FAST_FORWARD:
         return Plan(strategy, frozenset(part.nodes - ports),

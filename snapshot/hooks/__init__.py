@@ -9,19 +9,33 @@ A DataPipe is restored from its state when it has a hook:
   ``Stateful`` protocol) is restored through them;
 - :func:`register_state_hook` adds either kind for classes you cannot edit.
 
+A pipe whose own generator can be neither saved nor replayed (an unseeded
+``random_split``, a ``Sampler`` over a random sampler) is refused: saving or restoring a
+graph that holds one raises a :class:`~snapshot.errors.RestoreError` (see
+:func:`register_refusal`).
+
 A pipe without a hook (a generator ``__iter__`` of your own, say) is replayed: the restore
 plan fast-forwards the smallest part of the graph that contains it. See
 ``docs/hooks.md`` for the contract a hook must keep.
 """
 
 from snapshot.hooks._base import ResumableIterator, Stateless
-from snapshot.hooks._registry import StateHook, hook_for, register_state_hook, registered_types
+from snapshot.hooks._registry import (
+    StateHook,
+    hook_for,
+    refusal_for,
+    register_refusal,
+    register_state_hook,
+    registered_types,
+)
 
 __all__ = [
     "ResumableIterator",
     "StateHook",
     "Stateless",
     "hook_for",
+    "refusal_for",
+    "register_refusal",
     "register_state_hook",
     "registered_types",
 ]

@@ -53,6 +53,10 @@ class ResumableIterator(Iterator[Any], ABC):
     #: Set to ``False`` in subclasses whose state cannot be restored in every graph;
     #: :meth:`can_restore` then decides per graph.
     always_restorable: ClassVar[bool] = True
+    #: Keys of :meth:`get_state` (plain data: generator states, flags) that a replay of the
+    #: pipe must reproduce exactly; after a restore that replays the pipe, the engine compares
+    #: them with the saved ones and refuses a replay that ended somewhere else.
+    replay_checked: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, datapipe: Any, inputs: Sequence[Any]):
         self.datapipe = datapipe
@@ -119,6 +123,16 @@ class ResumableIterator(Iterator[Any], ABC):
     @classmethod
     def load_persistent_state(cls, datapipe: Any, state: Any) -> None:
         """Put back what :meth:`persistent_state` returned."""
+
+    @classmethod
+    def rewind(cls, datapipe: Any, state: dict[str, Any]) -> None:
+        """Put the pipe back as it was when the epoch began, from ``state`` (what
+        :meth:`get_state` returned later in that epoch).
+
+        Called before the pipe is replayed from the start of the epoch, for pipes that keep
+        something on themselves across epochs which the epoch changes (a generator of their
+        own). Default: nothing to do.
+        """
 
     @classmethod
     def accepts(cls, datapipe: Any) -> bool:

@@ -21,7 +21,7 @@ from typing import Any
 
 from snapshot.hooks._base import ResumableIterator
 
-__all__ = ["StateHook", "hook_for", "register_state_hook", "registered_types"]
+__all__ = ["StateHook", "hook_for", "refusal_for", "register_refusal", "register_state_hook", "registered_types"]
 
 _BEHAVIOUR = ("__iter__", "__next__", "reset")
 
@@ -40,6 +40,8 @@ class StateHook:
 
 
 _HOOKS: dict[type, StateHook] = {}
+#: Per class, a function that says why an instance cannot be snapshotted at all (or ``None``).
+_REFUSALS: dict[type, Callable[[Any], str | None]] = {}
 #: Modules that register hooks for a third-party package, imported on first use.
 _LAZY_MODULES = {"torchdata": "snapshot.hooks.builtin.torchdata"}
 _loaded_lazy: set[str] = set()
@@ -149,6 +151,35 @@ def hook_for(datapipe: Any) -> StateHook | None:
     if hook is not None and hook.iterator is not None and not hook.iterator.accepts(datapipe):
         return None
     return hook
+
+
+def register_refusal(cls: type, reason: Callable[[Any], str | None]) -> None:
+    """Refuse to snapshot instances of ``cls`` for which ``reason(datapipe)`` returns a text.
+
+    For pipes whose position cannot be put back by any strategy (a generator of their own
+    that neither a hook nor a replay can reproduce): saving or restoring a graph that holds
+    one then raises a :class:`~snapshot.errors.RestoreError` with that text, rather than
+    yielding a different stream.
+    """
+    _REFUSALS[cls] = reason
+
+
+def refusal_for(datapipe: Any) -> str | None:
+    """Why ``datapipe`` cannot be snapshotted, or ``None`` when it can."""
+    _load_builtins()
+    cls = type(datapipe)
+    _load_lazy(cls)
+    for klass in cls.__mro__:
+        reason = _REFUSALS.get(klass)
+        if reason is not None:
+            return reason(datapipe)
+    return None
+
+
+def refused_types() -> list[type]:
+    """Every class with a registered refusal."""
+    _load_builtins()
+    return list(_REFUSALS)
 
 
 def registered_types() -> list[type]:

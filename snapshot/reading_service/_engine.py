@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from snapshot.errors import LayoutError
-from snapshot.execution import Run, capture_persistent, restore_persistent
+from snapshot.execution import Run, capture_persistent, restore_persistent, rewind
 from snapshot.graph import Graph
 from snapshot.randomness import EpochSeeds
 from snapshot.restore import RestoreStrategy, make_plan
@@ -293,6 +293,7 @@ class ShardEngine:
                 plan = make_plan(graph, counts, strategy, sinks=sinks)
                 routers_state = upstream_state["routers"]
             elif upstream_state is not None:  # restart the routers, skipping what was read
+                rewind(graph, upstream_state["nodes"], topology.upstream)
                 routers_state = {r: {"position": 0, "kept": 0, "ended": False, "queues": {s: [] for s in self.shards},
                                      "next": {s: (s if s in replayed else state["next"][s]) for s in self.shards}}
                                  for r, state in upstream_state["routers"].items()}

@@ -29,7 +29,7 @@ from torch.utils.data.datapipes.iter.combining import (
     _ForkerIterDataPipe,
 )
 
-from snapshot.hooks._registry import register_state_hook
+from snapshot.hooks._registry import register_refusal, register_state_hook
 from snapshot.hooks.builtin.callable import FilterIterator, MapperIterator, RoutedDecoderIterator
 from snapshot.hooks.builtin.combining import (
     ChildIterator,
@@ -70,3 +70,14 @@ BUILTIN_HOOKS = {
 
 for _cls, _iterator in BUILTIN_HOOKS.items():
     register_state_hook(_cls, _iterator, replace=True)
+
+
+def _random_sampler(datapipe: Sampler) -> str | None:
+    if not hasattr(datapipe.sampler, "generator"):
+        return None
+    return ("its sampler draws a new order every epoch from a generator (its own, or torch's global "
+            "one when it has none) that a snapshot cannot put back; shuffle with .shuffle() (seeded by "
+            "the loader) over a sequential Sampler instead")
+
+
+register_refusal(Sampler, _random_sampler)

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from snapshot.hooks._base import ResumableIterator
+from snapshot.hooks.builtin._rng import rng_state, set_rng_state
 
 ENABLED = "enabled"
 RNG = "rng"
@@ -30,6 +31,8 @@ class ShufflerIterator(ResumableIterator):
 
     Consumes the pipe's seed at the start of the epoch, exactly like ``Shuffler.reset()``.
     """
+
+    replay_checked = (RNG, DRAINING)
 
     def __init__(self, datapipe: Any, inputs: Any):
         super().__init__(datapipe, inputs)
@@ -65,13 +68,13 @@ class ShufflerIterator(ResumableIterator):
         return len(self._buffer)
 
     def get_state(self) -> dict[str, Any]:
-        version, internal, gauss = self._rng.getstate()
-        return {ENABLED: self._enabled, RNG: [version, list(internal), gauss],
+        # a disabled shuffler never draws: its (unseeded) generator is not part of the position
+        return {ENABLED: self._enabled, RNG: rng_state(self._rng) if self._enabled else None,
                 BUFFER: list(self._buffer), DRAINING: self._draining}
 
     def set_state(self, state: dict[str, Any]) -> None:
         self._enabled = bool(state[ENABLED])
-        version, internal, gauss = state[RNG]
-        self._rng.setstate((version, tuple(internal), gauss))
+        if state[RNG] is not None:
+            set_rng_state(self._rng, state[RNG])
         self._buffer = list(state[BUFFER])
         self._draining = bool(state[DRAINING])

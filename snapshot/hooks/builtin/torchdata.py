@@ -3,7 +3,8 @@
 Covered: ``header``, ``cycle``, ``repeat``, ``enumerate``, ``add_index``,
 ``in_memory_cache``, ``to_iter_datapipe``, ``flatmap``, ``map_batches``, ``readlines``,
 ``in_batch_shuffle``, ``prefetch`` (run synchronously: same samples, no thread),
-``mux_longest`` and ``zip_longest``. Other torchdata pipes are replayed.
+``mux_longest``, ``zip_longest`` and ``SampleMultiplexer`` (see :mod:`.sampling`). Other
+torchdata pipes are replayed.
 """
 
 from __future__ import annotations
@@ -28,14 +29,18 @@ from torchdata.datapipes.iter import (
     MultiplexerLongest,
     Prefetcher,
     Repeater,
+    SampleMultiplexer,
     ZipperLongest,
 )
+from torchdata.datapipes.iter.util.randomsplitter import _RandomSplitterIterDataPipe
 from torchdata.datapipes.map.util.converter import MapToIterConverterIterDataPipe
 
 from snapshot.hooks._base import ResumableIterator, Stateless
-from snapshot.hooks._registry import register_state_hook
+from snapshot.hooks._registry import register_refusal, register_state_hook
+from snapshot.hooks.builtin._rng import rng_state, set_rng_state
 from snapshot.hooks.builtin._skip import advance
 from snapshot.hooks.builtin.files import open_stream
+from snapshot.hooks.builtin.sampling import SampleMultiplexerIterator
 from snapshot.hooks.builtin.shuffle import consume_seed
 from snapshot.hooks.builtin.sources import PositionedSource
 
@@ -278,6 +283,8 @@ class LineReaderIterator(ResumableIterator):
 class InBatchShufflerIterator(ResumableIterator):
     """``in_batch_shuffle``: each batch sampled by a seeded generator (saved by value)."""
 
+    replay_checked = ("rng",)
+
     def __init__(self, datapipe: Any, inputs: Any):
         super().__init__(datapipe, inputs)
         self._enabled = datapipe._enabled
@@ -292,13 +299,12 @@ class InBatchShufflerIterator(ResumableIterator):
         return DataChunk(self._rng.sample(batch, len(batch)))
 
     def get_state(self) -> dict[str, Any]:
-        version, internal, gauss = self._rng.getstate()
-        return {"enabled": self._enabled, "rng": [version, list(internal), gauss]}
+        return {"enabled": self._enabled, "rng": rng_state(self._rng) if self._enabled else None}
 
     def set_state(self, state: dict[str, Any]) -> None:
         self._enabled = bool(state["enabled"])
-        version, internal, gauss = state["rng"]
-        self._rng.setstate((version, tuple(internal), gauss))
+        if state["rng"] is not None:
+            set_rng_state(self._rng, state["rng"])
 
 
 class PrefetcherIterator(Stateless):
@@ -451,7 +457,19 @@ TORCHDATA_HOOKS: dict[type, type[ResumableIterator]] = {
     MultiplexerLongest: MultiplexerLongestIterator,
     ZipperLongest: ZipperLongestIterator,
     InMemoryCacheHolder: InMemoryCacheIterator,
+    SampleMultiplexer: SampleMultiplexerIterator,
 }
 
 for _cls, _iterator in TORCHDATA_HOOKS.items():
     register_state_hook(_cls, _iterator, replace=True)
+
+
+def _unseeded_split(datapipe: Any) -> str | None:
+    if datapipe._seed is not None:
+        return None  # reseeded from ``seed`` at every epoch: a replay draws the same split
+    return ("random_split(seed=None) draws a new split every epoch from the operating system, so "
+            "no replay can draw it again; pass seed=... (and override_seed(...) per epoch if you "
+            "want a new split each epoch)")
+
+
+register_refusal(_RandomSplitterIterDataPipe, _unseeded_split)

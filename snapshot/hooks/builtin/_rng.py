@@ -1,0 +1,18 @@
+"""A ``random.Random``'s state as plain data (lists and numbers), and back."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+
+def rng_state(rng: random.Random) -> list[Any]:
+    """``rng``'s state as ``[version, [625 ints], gauss_next]``."""
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def set_rng_state(rng: random.Random, state: Any) -> None:
+    """Put back a state from :func:`rng_state`."""
+    version, internal, gauss = state
+    rng.setstate((version, tuple(internal), gauss))

@@ -33,6 +33,25 @@ def row(x):
     return {"v": x}
 
 
+def triple(x):
+    return (x, -x, 10 * x)
+
+
+def _unzip():
+    a, b, c = td.UnZipper(td.Mapper(Shuffler(IterableWrapper(range(9)), buffer_size=3), triple), 3, buffer_size=-1)
+    return td.Zipper(c, a, b)
+
+
+def _round_robin_demux():
+    first, second = td.RoundRobinDemultiplexer(IterableWrapper(range(11)), 2, buffer_size=-1)
+    return td.Concater(second, first)
+
+
+def _sample_multiplexer():
+    pipes = {IterableWrapper(range(8)): 0.5, IterableWrapper(range(100, 104)): 0.3, IterableWrapper("xyz"): 0.2}
+    return td.SampleMultiplexer(pipes, seed=9)
+
+
 CASES = {
     "header": lambda: td.Header(Shuffler(IterableWrapper(range(30)), buffer_size=5), limit=11),
     "header_longer_than_source": lambda: td.Header(IterableWrapper(range(4)), limit=10),
@@ -47,6 +66,12 @@ CASES = {
     "prefetch": lambda: td.Prefetcher(Batcher(IterableWrapper(range(20)), 3), buffer_size=4),
     "mux_longest": lambda: td.MultiplexerLongest(IterableWrapper(range(3)), IterableWrapper(range(10, 16))),
     "zip_longest": lambda: td.ZipperLongest(IterableWrapper(range(3)), IterableWrapper(range(5)), fill_value=-1),
+    "unzip": _unzip,
+    "round_robin_demux": _round_robin_demux,
+    "bucketbatch": lambda: td.BucketBatcher(IterableWrapper(range(23)), batch_size=3, batch_num=2, bucket_num=2),
+    "bucketbatch_sorted": lambda: td.BucketBatcher(IterableWrapper(range(23)), batch_size=3, batch_num=2,
+                                                   bucket_num=2, use_in_batch_shuffle=False, sort_key=sorted),
+    "sample_multiplexer": _sample_multiplexer,
 }
 
 

@@ -21,9 +21,11 @@ from typing import Any
 
 from snapshot.hooks._base import ResumableIterator
 
-__all__ = ["StateHook", "hook_for", "refusal_for", "register_refusal", "register_state_hook", "registered_types"]
+__all__ = ["StateHook", "hook_for", "hook_for_class", "refusal_condition", "refusal_for", "register_refusal",
+           "register_state_hook", "registered_types"]
 
-_BEHAVIOUR = ("__iter__", "__next__", "reset")
+#: Methods through which a pipe yields: a subclass that overrides one does not inherit a hook.
+_BEHAVIOUR = ("__iter__", "__next__", "reset", "get_next_element_by_instance")
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class StateHook:
 
 _HOOKS: dict[type, StateHook] = {}
 #: Per class, a function that says why an instance cannot be snapshotted at all (or ``None``).
-_REFUSALS: dict[type, Callable[[Any], str | None]] = {}
+_REFUSALS: dict[type, tuple[Callable[[Any], str | None], str]] = {}
 #: Modules that register hooks for a third-party package, imported on first use.
 _LAZY_MODULES = {"torchdata": "snapshot.hooks.builtin.torchdata"}
 _loaded_lazy: set[str] = set()
@@ -123,45 +125,44 @@ def _defines_behaviour(cls: type, upto: type) -> bool:
     return False
 
 
-def _protocol_hook(datapipe: Any) -> StateHook | None:
-    save = getattr(type(datapipe), "state_dict", None)
-    load = getattr(type(datapipe), "load_state_dict", None)
-    if callable(save) and callable(load):
-        return StateHook(None, save, load)
-    return None
-
-
 def hook_for(datapipe: Any) -> StateHook | None:
     """The hook that applies to ``datapipe``, or ``None`` when it has hidden state."""
-    _load_builtins()
-    cls = type(datapipe)
-    hook = _HOOKS.get(cls)
-    if hook is None:
-        _load_lazy(cls)
-        hook = _HOOKS.get(cls)
-    if hook is None:
-        hook = _protocol_hook(datapipe)
-    if hook is None:
-        for base in cls.__mro__[1:]:
-            inherited = _HOOKS.get(base)
-            if inherited is not None and inherited.iterator is not None \
-                    and not _defines_behaviour(cls, base):
-                hook = inherited
-                break
+    hook = hook_for_class(type(datapipe))
     if hook is not None and hook.iterator is not None and not hook.iterator.accepts(datapipe):
         return None
     return hook
 
 
-def register_refusal(cls: type, reason: Callable[[Any], str | None]) -> None:
+def hook_for_class(cls: type) -> StateHook | None:
+    """The hook registered for ``cls``, or inherited by it (without looking at an instance)."""
+    _load_builtins()
+    hook = _HOOKS.get(cls)
+    if hook is None:
+        _load_lazy(cls)
+        hook = _HOOKS.get(cls)
+    if hook is None:  # the torchdata ``Stateful`` protocol, on the class itself
+        save, load = getattr(cls, "state_dict", None), getattr(cls, "load_state_dict", None)
+        if callable(save) and callable(load):
+            return StateHook(None, save, load)
+    if hook is None:
+        for base in cls.__mro__[1:]:
+            inherited = _HOOKS.get(base)
+            if inherited is not None and inherited.iterator is not None and not _defines_behaviour(cls, base):
+                return inherited
+    return hook
+
+
+def register_refusal(cls: type, reason: Callable[[Any], str | None], *, when: str) -> None:
     """Refuse to snapshot instances of ``cls`` for which ``reason(datapipe)`` returns a text.
+
+    ``when`` says in a few words which instances are refused (for the coverage table).
 
     For pipes whose position cannot be put back by any strategy (a generator of their own
     that neither a hook nor a replay can reproduce): saving or restoring a graph that holds
     one then raises a :class:`~snapshot.errors.RestoreError` with that text, rather than
     yielding a different stream.
     """
-    _REFUSALS[cls] = reason
+    _REFUSALS[cls] = (reason, when)
 
 
 def refusal_for(datapipe: Any) -> str | None:
@@ -170,16 +171,21 @@ def refusal_for(datapipe: Any) -> str | None:
     cls = type(datapipe)
     _load_lazy(cls)
     for klass in cls.__mro__:
-        reason = _REFUSALS.get(klass)
-        if reason is not None:
-            return reason(datapipe)
+        refusal = _REFUSALS.get(klass)
+        if refusal is not None:
+            return refusal[0](datapipe)
     return None
 
 
-def refused_types() -> list[type]:
-    """Every class with a registered refusal."""
+def refusal_condition(cls: type) -> str | None:
+    """Which instances of ``cls`` are refused (``register_refusal``'s ``when``), or ``None``."""
     _load_builtins()
-    return list(_REFUSALS)
+    _load_lazy(cls)
+    for klass in cls.__mro__:
+        refusal = _REFUSALS.get(klass)
+        if refusal is not None:
+            return refusal[1]
+    return None
 
 
 def registered_types() -> list[type]:

@@ -80,4 +80,4 @@ def _random_sampler(datapipe: Sampler) -> str | None:
             "the loader) over a sequential Sampler instead")
 
 
-register_refusal(Sampler, _random_sampler)
+register_refusal(Sampler, _random_sampler, when="its sampler has a generator (RandomSampler, ...)")

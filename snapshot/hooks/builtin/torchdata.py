@@ -3,8 +3,8 @@
 Covered: ``header``, ``cycle``, ``repeat``, ``enumerate``, ``add_index``,
 ``in_memory_cache``, ``to_iter_datapipe``, ``flatmap``, ``map_batches``, ``readlines``,
 ``in_batch_shuffle``, ``prefetch`` (run synchronously: same samples, no thread),
-``mux_longest``, ``zip_longest`` and ``SampleMultiplexer`` (see :mod:`.sampling`). Other
-torchdata pipes are replayed.
+``mux_longest``, ``zip_longest``, ``unzip`` and ``SampleMultiplexer`` (see :mod:`.sampling`).
+Other torchdata pipes are replayed; ``random_split(seed=None)`` is refused.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from torchdata.datapipes.iter import (
     SampleMultiplexer,
     ZipperLongest,
 )
+from torchdata.datapipes.iter.util.combining import _UnZipperIterDataPipe
 from torchdata.datapipes.iter.util.randomsplitter import _RandomSplitterIterDataPipe
 from torchdata.datapipes.map.util.converter import MapToIterConverterIterDataPipe
 
@@ -39,6 +40,7 @@ from snapshot.hooks._base import ResumableIterator, Stateless
 from snapshot.hooks._registry import register_refusal, register_state_hook
 from snapshot.hooks.builtin._rng import rng_state, set_rng_state
 from snapshot.hooks.builtin._skip import advance
+from snapshot.hooks.builtin.combining import ForkerContainer
 from snapshot.hooks.builtin.files import open_stream
 from snapshot.hooks.builtin.sampling import SampleMultiplexerIterator
 from snapshot.hooks.builtin.shuffle import consume_seed
@@ -442,6 +444,13 @@ class InMemoryCacheIterator(ResumableIterator):
         self._done = bool(state[DONE])
 
 
+class UnZipperContainer(ForkerContainer):
+    """``unzip``: a fork whose child ``i`` takes element ``instance_ids[i]`` of each sample."""
+
+    def next_for(self, instance: int) -> Any:
+        return super().next_for(instance)[self.datapipe.instance_ids[instance]]
+
+
 TORCHDATA_HOOKS: dict[type, type[ResumableIterator]] = {
     Header: HeaderIterator,
     Cycler: CyclerIterator,
@@ -458,6 +467,7 @@ TORCHDATA_HOOKS: dict[type, type[ResumableIterator]] = {
     ZipperLongest: ZipperLongestIterator,
     InMemoryCacheHolder: InMemoryCacheIterator,
     SampleMultiplexer: SampleMultiplexerIterator,
+    _UnZipperIterDataPipe: UnZipperContainer,
 }
 
 for _cls, _iterator in TORCHDATA_HOOKS.items():
@@ -472,4 +482,4 @@ def _unseeded_split(datapipe: Any) -> str | None:
             "want a new split each epoch)")
 
 
-register_refusal(_RandomSplitterIterDataPipe, _unseeded_split)
+register_refusal(_RandomSplitterIterDataPipe, _unseeded_split, when="seed=None")

@@ -31,15 +31,16 @@ def mux(seed: int | None = 11, n: int = 12) -> Any:
     return td.SampleMultiplexer({a: 0.5, b: 0.3, c: 0.2}, seed=seed)
 
 
-def sharded_mux(n: int = 16) -> Any:
+def sharded_mux(n: int = 16, seeded: bool = True) -> Any:
     """A multiplexer below the sharding point (one copy per logical shard) and one above it."""
-    above = td.SampleMultiplexer({IterableWrapper(range(n)): 0.7, IterableWrapper(range(50, 56)): 0.3}, seed=3)
+    above = td.SampleMultiplexer({IterableWrapper(range(n)): 0.7, IterableWrapper(range(50, 56)): 0.3},
+                                 seed=3 if seeded else None)
     below = ShardingFilter(Shuffler(above, buffer_size=4))
-    return td.SampleMultiplexer({below: 0.6, IterableWrapper(range(900, 905)): 0.4}, seed=5)
+    return td.SampleMultiplexer({below: 0.6, IterableWrapper(range(900, 905)): 0.4}, seed=5 if seeded else None)
 
 
-def workers(n: int) -> Any:
-    return snapshot.MultiProcessingReadingService(num_workers=n)
+def workers(n: int, shards: int | None = None) -> Any:
+    return snapshot.MultiProcessingReadingService(num_workers=n, logical_shards=shards)
 
 
 def every_cut(length: int) -> list[Cut]:
@@ -69,6 +70,10 @@ def test_resumes_exactly_with_workers_and_onto_other_worker_counts() -> None:
         in_process = snapshot.InProcessReadingService
         assert_resumes_exactly(sharded_mux, reading_service=two, restore_service=target or in_process,
                                epochs=2, cuts=cuts[1:4])
+    # four logical shards on 2 workers, restored onto 4 workers and onto 3
+    for count in (4, 3):
+        assert_resumes_exactly(sharded_mux, reading_service=functools.partial(workers, 2, 4),
+                               restore_service=functools.partial(workers, count), epochs=2, cuts=cuts[1:4])
 
 
 def _continuation(loader: Any, epochs: int) -> list[list[Any]]:
@@ -90,15 +95,38 @@ def test_unseeded_multiplexer_restores_the_saved_run(strategy: str) -> None:
             assert _continuation(fresh, 2) == expected, head
 
 
-def test_unseeded_multiplexer_after_the_end_of_an_epoch() -> None:
-    with snapshot.DataLoader2(mux(seed=None)) as loader:
-        loader.seed(1)
-        list(loader)
-        data = loader.save_snapshot().to_bytes()
-        expected = _continuation(loader, 2)
-    with snapshot.DataLoader2(mux(seed=None)) as fresh:
-        fresh.restore_snapshot(io.BytesIO(data))
-        assert _continuation(fresh, 2) == expected
+@pytest.mark.parametrize("service", [None, 2], ids=["in_process", "2_workers"])
+def test_unseeded_multiplexers_after_the_end_of_an_epoch(service: int | None) -> None:
+    def loader_of() -> Any:
+        reading = workers(service) if service else None
+        return snapshot.DataLoader2(sharded_mux(seeded=False), reading_service=reading)
+
+    for cut in (7, None):  # inside the epoch, and after its StopIteration
+        with loader_of() as loader:
+            loader.seed(1)
+            it = iter(loader)
+            for _ in range(cut or 10**9):
+                if next(it, None) is None:
+                    break
+            data = loader.save_snapshot().to_bytes()
+            expected = ([list(it)] if cut else []) + _continuation(loader, 2)
+        with loader_of() as fresh:
+            fresh.restore_snapshot(io.BytesIO(data))
+            assert _continuation(fresh, 3 if cut else 2) == expected
+
+
+def shuffled_flatmap() -> Any:
+    return td.ShuffledFlatMapper(IterableWrapper(range(12)), _spread, buffer_size=3)
+
+
+def _spread(x: int) -> list[int]:
+    return [x, x + 100]
+
+
+def test_a_hookless_pipe_seeded_by_the_loader_is_replayed_exactly() -> None:
+    """torchdata 0.9's shuffled_flatmap takes its seed from the loader each epoch (set_seed)."""
+    assert native_epochs(shuffled_flatmap) == hooked_epochs(shuffled_flatmap)
+    assert_resumes_exactly(shuffled_flatmap, epochs=2, strategies=("auto",), via_file=False)
 
 
 def unseeded_split() -> Any:

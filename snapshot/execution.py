@@ -13,8 +13,10 @@ epoch with the seeds it is given. Each node gets a *cell*, the iterator that run
 
 So after any sample the run knows, per node path, how many samples each node yielded and
 (for nodes with hooks) its state. A run restored from a snapshot loads those states and
-replays only the subgraphs its :class:`~snapshot.restore.Plan` names, then checks that the
-replay reproduced the saved counts.
+replays only the subgraphs its :class:`~snapshot.restore.Plan` names (a pipe that keeps a
+generator of its own is first rewound to the start of the epoch), then checks that the
+replay ended where the snapshot says: the same counts, the same ends of epoch, the same
+generator states.
 """
 
 from __future__ import annotations
@@ -286,7 +288,7 @@ class Run(Iterator[Any]):
             raise RestoreError(
                 "replaying the graph did not reproduce the saved position:\n" + "\n".join(diverged)
                 + "\nA pipe in the replayed part is not deterministic for a given seed (it draws "
-                "from an unseeded random source, or reads data that changed). Nothing was restored."
+                "from an unseeded random source, or reads data that changed)."
             )
 
     def cell(self, path: str) -> Any:

@@ -1,4 +1,4 @@
-"""Packaging for ``snapshot``. Runtime needs torch (CPU or CUDA build) and dill only."""
+"""Packaging for ``snapshot`` (distributed as ``datapipe-snapshot``). Runtime needs torch (CPU or CUDA build) and dill only."""
 
 import re
 from pathlib import Path
@@ -6,7 +6,11 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 HERE = Path(__file__).parent
-VERSION = re.search(r'__version__ = "([^"]+)"', (HERE / "snapshot/_version.py").read_text()).group(1)
+_VERSION_PY = (HERE / "snapshot/_version.py").read_text()
+VERSION = re.search(r'__version__ = "([^"]+)"', _VERSION_PY).group(1)
+# `snapshot` on the package index is an unrelated project: the distribution has its own name,
+# the import name and the command stay `snapshot`.
+DISTRIBUTION = re.search(r'DISTRIBUTION = "([^"]+)"', _VERSION_PY).group(1)
 
 # torch: a range that 2.13.0 satisfies, bounded above so that a fresh install never pulls a
 # newer (multi-GB CUDA) build by surprise.
@@ -54,7 +58,7 @@ EXTRAS["dev"] = EXTRAS["docs"] + EXTRAS["cli"] + EXTRAS["accelerate"] + EXTRAS["
 EXTRAS["dev-torchdata-nodes"] = EXTRAS["torchdata-nodes"] + TESTING
 
 setup(
-    name="snapshot",
+    name=DISTRIBUTION,
     version=VERSION,
     description="Exact, portable snapshots of PyTorch DataPipe graphs, and a maintained DataLoader2",
     long_description=(HERE / "README.md").read_text(),

@@ -43,7 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import IO, Any, Union
 
-from snapshot._version import __version__
+from snapshot._version import DISTRIBUTION, __version__
 from snapshot.errors import (
     CorruptSnapshotError,
     EmptySnapshotError,
@@ -210,7 +210,7 @@ def _version_skew(version: int, source: str) -> None:
         raise VersionSkewError(
             f"written in snapshot format {version}, but this installation (snapshot "
             f"{__version__}) reads format {FORMAT_VERSION} only. Upgrade with "
-            "`pip install -U snapshot` on this machine.",
+            f"`pip install -U {DISTRIBUTION}` on this machine.",
             source=source,
         )
     raise VersionSkewError(

@@ -195,7 +195,7 @@ def test_a_torch_checkpoint_is_recognised(tmp_path) -> None:
 def test_newer_container_version_is_version_skew() -> None:
     data = bytearray(file_bytes())
     struct.pack_into("<H", data, len(fmt.MAGIC), 2)
-    with pytest.raises(snapshot.VersionSkewError, match=r"format 2.*reads format 1.*pip install -U"):
+    with pytest.raises(snapshot.VersionSkewError, match=r"format 2.*reads format 1.*pip install -U datapipe-snapshot"):
         snapshot.load(bytes(data))
 
 

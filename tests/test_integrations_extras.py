@@ -22,7 +22,8 @@ def test_a_missing_tool_is_an_import_error_that_names_the_extra(module: str, too
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, tool, None)  # as if it were not installed
     monkeypatch.delitem(sys.modules, module, raising=False)
-    with pytest.raises(ImportError, match=rf"{module} needs the '{tool}' package.*pip install 'snapshot\[{extra}\]'"):
+    expected = rf"{module} needs the '{tool}' package.*pip install 'datapipe-snapshot\[{extra}\]'"
+    with pytest.raises(ImportError, match=expected):
         importlib.import_module(module)
 
 
@@ -35,7 +36,8 @@ def test_as_node_needs_torchdata_0_10() -> None:
 
     from snapshot.integrations.torchdata import as_node
 
-    with pytest.raises(ImportError, match=r"torchdata 0.10 or later.*pip install 'snapshot\[torchdata-nodes\]'"):
+    expected = r"torchdata 0.10 or later.*pip install 'datapipe-snapshot\[torchdata-nodes\]'"
+    with pytest.raises(ImportError, match=expected):
         as_node(IterableWrapper(range(3)))
 
 

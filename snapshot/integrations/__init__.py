@@ -1,15 +1,12 @@
 """Integrations with the tools people train with, one small module per tool.
 
-====================================  =====================================  ==============================
-module                                what it gives                          install
-====================================  =====================================  ==============================
-``snapshot.integrations.accelerate``  ``reading_service_for(accelerator)``   ``pip install snapshot[accelerate]``
-``snapshot.integrations.lightning``   ``reading_service_for(trainer)``,      ``pip install snapshot[lightning]``
-                                      ``LightningLoader``
-``snapshot.integrations.torchdata``   ``SnapshotDataset`` (for               torchdata 0.9 or >= 0.10;
-                                      ``StatefulDataLoader``), ``as_node``   ``as_node``:
-                                      (a ``torchdata.nodes`` node)           ``pip install snapshot[torchdata-nodes]``
-====================================  =====================================  ==============================
+- `snapshot.integrations.accelerate`: `reading_service_for(accelerator)`;
+  `pip install "datapipe-snapshot[accelerate]"`.
+- `snapshot.integrations.lightning`: `reading_service_for(trainer)`, `LightningLoader`;
+  `pip install "datapipe-snapshot[lightning]"`.
+- `snapshot.integrations.torchdata`: `SnapshotDataset` (for `StatefulDataLoader`, torchdata 0.9
+  or >= 0.10) and `as_node` (a `torchdata.nodes` node);
+  `pip install "datapipe-snapshot[torchdata-nodes]"`.
 
 ``torch.distributed.checkpoint`` needs no module: a :class:`~snapshot.DataLoader2` is
 ``Stateful`` as it is (see the DCP how-to).

@@ -16,7 +16,7 @@ from it, so a resume is exact and costs what a snapshot restore costs:
   ``state_dict()`` / ``load_state_dict()``; ``torchdata.nodes.Loader`` saves and restores it.
 
 Importing this module needs torchdata (any version from 0.8); :func:`as_node` needs
-torchdata 0.10 or later (``pip install 'snapshot[torchdata-nodes]'``), which no longer has
+torchdata 0.10 or later (``pip install 'datapipe-snapshot[torchdata-nodes]'``), which no longer has
 ``DataLoader2``: keep it in an environment of its own if you also use torchdata 0.9.
 """
 

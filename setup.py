@@ -1,4 +1,4 @@
-"""Packaging for ``snapshot`` (distributed as ``datapipe-snapshot``). Runtime needs torch (CPU or CUDA build) and dill only."""
+"""Packaging for ``snapshot`` (distributed as ``datapipe-snapshot``). Runtime: torch, dill and tqdm."""
 
 import re
 from pathlib import Path
@@ -67,7 +67,8 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["snapshot", "snapshot.*"]),
     package_data={"snapshot": ["py.typed"]},
-    install_requires=[TORCH, "dill>=0.3.8"],
+    # tqdm: progress bars of long restores and saves (pure Python; snapshot runs without it)
+    install_requires=[TORCH, "dill>=0.3.8", "tqdm>=4.66"],
     extras_require=EXTRAS,
     entry_points={"console_scripts": ["snapshot=snapshot.cli:main"]},
     classifiers=[

@@ -19,6 +19,7 @@ See ``docs/`` for the concepts (graph, restore strategies, logical shards) and t
 """
 
 import importlib
+import logging
 from typing import TYPE_CHECKING, Any
 
 from snapshot._version import __version__
@@ -46,6 +47,10 @@ from snapshot.errors import (
 )
 from snapshot.format import read_manifest
 from snapshot.restore import RestoreStrategy, restore
+
+# Loggers are "snapshot.<module>"; the library prints nothing unless the application
+# configures logging (for example ``logging.basicConfig(level=logging.INFO)``).
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 # The rest imports torch; it loads on first use, so that `snapshot inspect` and friends,
 # which only read manifests, start without it. (``capture`` and ``restore`` are imported

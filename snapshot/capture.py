@@ -13,13 +13,16 @@ import datetime
 import functools
 import hashlib
 import json
+import logging
+import os
 import platform
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from snapshot import _directory, _serialization, format
+from snapshot import _directory, _progress, _serialization, format
 from snapshot._version import __version__
 from snapshot.errors import CorruptSnapshotError, SnapshotFileError
 
@@ -63,6 +66,12 @@ class LoaderState:
 
 def _fingerprint(value: Any) -> str:
     return hashlib.sha256(repr(value).encode()).hexdigest()[:12]
+
+
+_log = logging.getLogger(__name__)
+
+#: Saves of at least this many bytes show a progress bar (see :mod:`snapshot._progress`).
+SAVE_PROGRESS = 256 << 20
 
 
 @functools.lru_cache(maxsize=1)
@@ -286,7 +295,14 @@ def capture(loader: Any, *, include_graph: bool = True, verify: int = 0) -> Snap
 
 def save(snap: Snapshot, dest: format.PathOrFile, *, key: bytes | str | None = None) -> None:
     """Write ``snap`` to ``dest`` atomically (a path) or to a binary file object."""
-    format.atomic_write(dest, snap.to_bytes(key=key))
+    start = time.perf_counter()
+    data = snap.to_bytes(key=key)
+    name = os.fspath(dest) if isinstance(dest, (str, os.PathLike)) else getattr(dest, "name", "<file object>")
+    with _progress.bar(len(data), f"snapshot: saving {name}", minimum=SAVE_PROGRESS, unit="B",
+                       unit_scale=True) as progress:
+        format.atomic_write(dest, data, progress=progress.update if progress.shown else None)
+    _log.info("saved snapshot %s: %s bytes (epoch %d, sample %d) in %.3f s", name, f"{len(data):,}",
+              snap.epoch, snap.yielded, time.perf_counter() - start)
 
 
 def part_info(rank: int, manifest: dict[str, Any], data: bytes) -> dict[str, Any]:

@@ -21,16 +21,18 @@ generator states.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from torch.utils.data import MapDataPipe
 
+from snapshot import _progress
 from snapshot.errors import PositionError, RestoreError
 from snapshot.graph import ROOT, Graph
 from snapshot.hooks import StateHook, hook_for
 from snapshot.hooks._base import ResumableIterator, _note
-from snapshot.restore import Plan
+from snapshot.restore import Plan, RestoreStrategy
 
 __all__ = ["CountingIterator", "NodeRecord", "Run", "capture_persistent", "restore_persistent", "rewind"]
 
@@ -39,6 +41,15 @@ YIELDED = "yielded"
 EXHAUSTED = "exhausted"
 STATE = "state"
 BUFFERED = "buffered"
+
+_log = logging.getLogger(__name__)
+
+#: A restore that replays at least this many samples because of a pipe without a state hook
+#: warns (once per node and pipe class in a process) that a hook would make it fast.
+REPLAY_WARNING = 10_000
+#: A replay of at least this many samples shows a progress bar (see :mod:`snapshot._progress`).
+REPLAY_PROGRESS = 1_000
+_warned: set[tuple[str, str]] = set()
 
 
 class CountingIterator(Iterator[Any]):
@@ -239,25 +250,13 @@ class Run(Iterator[Any]):
     # -- restoring ------------------------------------------------------------------------
 
     def _replay_drivers(self, plan: Plan, records: Mapping[str, NodeRecord]) -> None:
-        for path, count in plan.drivers:
-            cell = self._cells.get(path)
-            if cell is None:
-                continue
-            to_the_end = bool(records.get(path, {}).get(EXHAUSTED))
-            done = 0
-            while done < count or to_the_end:
-                try:
-                    next(cell)
-                except StopIteration:
-                    if done < count:
-                        raise PositionError(
-                            f"the snapshot is at sample {count} of the DataPipe at {path} "
-                            f"({self.graph[path].signature}), but replaying it ended after {done} "
-                            "samples: the data is shorter than when the snapshot was taken. "
-                            "Restore with the data the snapshot was taken on."
-                        ) from None
-                    break
-                done += 1
+        drivers = [(path, count) for path, count in plan.drivers if path in self._cells]
+        self._log_plan(plan, drivers)
+        total = sum(count for _, count in drivers)
+        with _progress.bar(total, "snapshot: replaying", minimum=REPLAY_PROGRESS, unit="sample") as progress:
+            for path, count in drivers:
+                self._replay_driver(path, count, bool(records.get(path, {}).get(EXHAUSTED)),
+                                    progress if progress.shown else None)
 
     def _check_replay(self, plan: Plan, records: Mapping[str, NodeRecord]) -> None:
         """Refuse a replay that did not end where the snapshot says: every replayed node must
@@ -290,6 +289,50 @@ class Run(Iterator[Any]):
                 + "\nA pipe in the replayed part is not deterministic for a given seed (it draws "
                 "from an unseeded random source, or reads data that changed)."
             )
+
+    def _replay_driver(self, path: str, count: int, to_the_end: bool, progress: _progress.Bar | None) -> None:
+        cell = self._cells[path]
+        done = 0
+        while done < count or to_the_end:
+            try:
+                next(cell)
+            except StopIteration:
+                if done < count:
+                    raise PositionError(
+                        f"the snapshot is at sample {count} of the DataPipe at {path} "
+                        f"({self.graph[path].signature}), but replaying it ended after {done} "
+                        "samples: the data is shorter than when the snapshot was taken. "
+                        "Restore with the data the snapshot was taken on."
+                    ) from None
+                break
+            done += 1
+            if progress is not None and done % 256 == 0:
+                progress.update(256)
+
+    def _log_plan(self, plan: Plan, drivers: list[tuple[str, int]]) -> None:
+        """INFO: what the restore replays; WARNING: a long replay caused by a pipe without a hook."""
+        if not drivers:
+            _log.info("restore (%s): every node from its saved state, nothing replayed", plan.strategy.value)
+        for path, count in drivers:
+            behind = [p for p in self.graph.ancestors(path) if p in plan.replay]
+            _log.info("restore (%s): replaying %d samples of %s (%s) through %d node(s); the others from their "
+                      "saved state", plan.strategy.value, count, path, self.graph[path].signature, len(behind))
+            if count < REPLAY_WARNING or plan.strategy is RestoreStrategy.FAST_FORWARD:
+                continue
+            for node in behind:
+                if node not in plan.reasons or self._hooks.get(node) is not None:
+                    continue
+                cls = type(self.graph[node].datapipe)
+                key = (node, f"{cls.__module__}.{cls.__qualname__}")
+                if key in _warned:
+                    continue
+                _warned.add(key)
+                _log.warning(
+                    "restoring replays %d samples because the DataPipe at %s (%s) has no state hook, so its "
+                    "position can only be reached by replaying. Give %s state_dict() and load_state_dict(state) "
+                    "methods (the torchdata Stateful protocol), or register a hook with "
+                    "snapshot.register_state_hook(%s, ...) (see the state hooks how-to); it is then restored "
+                    "from its state.", count, node, self.graph[node].signature, cls.__qualname__, cls.__qualname__)
 
     def cell(self, path: str) -> Any:
         """The iterator running node ``path`` in this run."""

@@ -39,7 +39,7 @@ import json
 import os
 import struct
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any, Union
 
@@ -376,12 +376,16 @@ def read_manifest(src: PathOrFile) -> dict[str, Any]:
     return manifest
 
 
-def atomic_write(dest: PathOrFile, data: bytes) -> None:
+#: Bytes per write when a save reports its progress.
+_CHUNK = 8 << 20
+
+
+def atomic_write(dest: PathOrFile, data: bytes, *, progress: Callable[[int], None] | None = None) -> None:
     """Write ``data`` so that ``dest`` holds either its old content or all of ``data``.
 
     Paths are written to a temporary file in the same directory, flushed and fsync'ed,
     then renamed over ``dest``; the directory is fsync'ed so the rename survives a crash.
-    A binary file object is simply written to.
+    A binary file object is simply written to. ``progress(n)`` is told of every chunk written.
     """
     if not isinstance(dest, (str, os.PathLike)):
         dest.write(data)
@@ -395,7 +399,12 @@ def atomic_write(dest: PathOrFile, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            if progress is None:
+                f.write(data)
+            else:
+                view = memoryview(data)
+                for start in range(0, len(view), _CHUNK):
+                    progress(f.write(view[start:start + _CHUNK]))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

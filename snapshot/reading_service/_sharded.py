@@ -9,6 +9,7 @@ so a snapshot moves freely between in-process, any number of workers and any num
 
 from __future__ import annotations
 
+import logging
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
@@ -30,6 +31,8 @@ from snapshot.restore import RestoreStrategy
 from snapshot.sharding import Topology, WorkerInfo, analyze
 
 __all__ = ["Executor", "LocalExecutor", "ShardedService", "resolve_logical_shards"]
+
+_log = logging.getLogger(__name__)
 
 
 def resolve_logical_shards(requested: int | None, topology: Topology, default: int) -> int:
@@ -195,6 +198,10 @@ class ShardedService(ReadingServiceInterface):
             elif self._executor is None:
                 datapipe = self._prepare(datapipe)
             self.configure(datapipe, count, owned)
+        saved_workers, workers = int(state["layout"].get("workers", 0)), int(self._layout()["workers"])
+        if saved_workers != workers:
+            _log.info("re-sharding: %d logical shard(s) saved with %d worker(s) per rank now run on %d "
+                      "(this process owns shards %s)", count, saved_workers, workers, owned)
         executor, _ = self._require()
         self._seeds = EpochSeeds.from_state(state["seeds"])
         executor.start(self._seeds, state, RestoreStrategy.parse(strategy))

@@ -25,6 +25,7 @@ into a :class:`~snapshot.RankError` on the others within that time.
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import shutil
 import uuid
@@ -50,6 +51,8 @@ __all__ = ["Collective", "DistributedReadingService"]
 #: ``even_batches`` values: every rank stops when the first runs out (the default), ranks that
 #: run out repeat their last sample until all are done, or each rank yields its own share.
 EVEN_BATCHES = ("drop", "pad", None)
+
+_log = logging.getLogger(__name__)
 
 
 class Collective:
@@ -277,6 +280,10 @@ class DistributedReadingService(ReadingServiceInterface):
                 self.initialize(datapipe)
             return _Output(self)
         count = int(state["layout"]["logical_shards"])
+        saved_ranks, world = int(state["layout"].get("ranks", 1)), self._connect().world
+        if saved_ranks != world:
+            _log.info("re-sharding: %d logical shard(s) saved on %d rank(s) now run on %d; rank %d owns shards %s",
+                      count, saved_ranks, world, self._connect().rank, self.owned(count))
         if self.executor._executor is None:
             datapipe = self.executor._prepare(datapipe)
         self.executor.restore(datapipe, state, strategy=strategy, shards=self.owned(count))

@@ -153,3 +153,20 @@ def test_a_forced_bar_follows_a_long_replay(tmp_path: Any, monkeypatch: pytest.M
     snapshot.DataLoader2(hookless(4000)).restore_snapshot(path, strategy="fast_forward")
     assert counts == list(range(256, 1001, 256))                     # 1000 batches replayed
     assert "snapshot: replaying" in capsys.readouterr().err
+
+
+def test_a_forced_bar_follows_a_long_save(tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    tqdm = pytest.importorskip("tqdm")
+    from snapshot import capture, format
+
+    monkeypatch.setattr(tqdm.tqdm, "monitor_interval", 0)
+    monkeypatch.setattr(capture, "SAVE_PROGRESS", 1)
+    monkeypatch.setattr(format, "_CHUNK", 100)
+    monkeypatch.setattr(_progress, "DELAY", 0.0)
+    monkeypatch.setattr(_progress, "enabled", True)
+    path = tmp_path / "data.snap"
+    rest = saved_at(graphs.linear, 5, path)
+    assert "snapshot: saving" in capsys.readouterr().err
+    dl = snapshot.DataLoader2.from_snapshot(path)   # written whole, chunk by chunk
+    assert list(dl) == rest

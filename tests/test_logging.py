@@ -158,8 +158,11 @@ def test_a_forced_bar_follows_a_long_replay(tmp_path: Any, monkeypatch: pytest.M
 def test_a_forced_bar_follows_a_long_save(tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     tqdm = pytest.importorskip("tqdm")
-    from snapshot import capture, format
+    import importlib
 
+    from snapshot import format
+
+    capture = importlib.import_module("snapshot.capture")  # the module, not the function
     monkeypatch.setattr(tqdm.tqdm, "monitor_interval", 0)
     monkeypatch.setattr(capture, "SAVE_PROGRESS", 1)
     monkeypatch.setattr(format, "_CHUNK", 100)

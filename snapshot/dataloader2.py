@@ -42,6 +42,45 @@ _INVALIDATED = (
 )
 
 
+def _not_a_datapipe(datapipe: Any) -> str:
+    """Why ``datapipe`` is refused, and which wrapper makes a DataPipe of it."""
+    from torch.utils.data import Dataset, IterableDataset
+
+    name = f"{type(datapipe).__module__}.{type(datapipe).__qualname__}"
+    head = f"DataLoader2 expects an IterDataPipe or a MapDataPipe, got {name}."
+    wrappers = "torch.utils.data.datapipes"
+    by_index = "IterableWrapper(range(len(data))).map(data.__getitem__)"
+    if isinstance(datapipe, IterableDataset):
+        return (f"{head} Wrap an iterable dataset in IterableWrapper(dataset) (from {wrappers}.iter); "
+                "its position is then replayed on restore unless it has state_dict()/load_state_dict().")
+    if isinstance(datapipe, Dataset) or (hasattr(datapipe, "__getitem__") and hasattr(datapipe, "__len__")
+                                         and not isinstance(datapipe, (str, bytes, dict))):
+        return (f"{head} For a map-style dataset or a sequence, pass {by_index} (IterableWrapper from "
+                f"{wrappers}.iter; add .shuffle() after IterableWrapper to shuffle the indices), or, with torchdata "
+                f"installed, SequenceWrapper(data) (from {wrappers}.map) or its .to_iter_datapipe().")
+    if isinstance(datapipe, Iterable):
+        return f"{head} Wrap an iterable in IterableWrapper(data) (from {wrappers}.iter)."
+    return f"{head} Build a graph of DataPipes, starting from IterableWrapper or SequenceWrapper."
+
+
+def _map_to_iter(datapipe: Any) -> Any:
+    """A MapDataPipe as an IterDataPipe, through torchdata's ``to_iter_datapipe`` (which it registers)."""
+    try:
+        return datapipe.to_iter_datapipe()
+    except AttributeError:
+        pass
+    try:
+        import torchdata.datapipes.map  # noqa: F401 - registers to_iter_datapipe
+    except ImportError:
+        raise TypeError(
+            f"DataLoader2 converts a MapDataPipe ({type(datapipe).__qualname__}) with to_iter_datapipe(), which "
+            "comes with torchdata (not installed). Install torchdata==0.9.0, or pass "
+            "IterableWrapper(range(len(data))).map(data.__getitem__) (IterableWrapper from "
+            "torch.utils.data.datapipes.iter) instead."
+        ) from None
+    return datapipe.to_iter_datapipe()
+
+
 class DataLoader2Iterator(Iterator[T_co]):
     """The iterator ``iter(DataLoader2)`` returns; only the newest one is valid."""
 
@@ -107,11 +146,9 @@ class DataLoader2(Generic[T_co]):
         reading_service: ReadingServiceInterface | None = None,
     ) -> None:
         if datapipe is not None and not isinstance(datapipe, (IterDataPipe, MapDataPipe)):
-            raise TypeError(
-                f"DataLoader2 expects an IterDataPipe or MapDataPipe, got {type(datapipe).__name__}"
-            )
+            raise TypeError(_not_a_datapipe(datapipe))
         if isinstance(datapipe, MapDataPipe):
-            datapipe = datapipe.to_iter_datapipe()
+            datapipe = _map_to_iter(datapipe)
         if datapipe_adapter_fn is None:
             self.datapipe_adapter_fns: list[Any] | None = None
         elif isinstance(datapipe_adapter_fn, Iterable):

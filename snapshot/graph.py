@@ -350,7 +350,12 @@ def compare_nodes(saved: list[dict[str, Any]], graph: Graph) -> list[NodeDiff]:
             diffs.append(NodeDiff(desc["path"], _saved_signature(desc), "(no node at this path)"))
             continue
         if node.fingerprint != desc["fingerprint"]:
-            diffs.append(NodeDiff(desc["path"], _saved_signature(desc), node.signature))
+            saved_sig, current_sig = _saved_signature(desc), node.signature
+            if saved_sig == current_sig and str(desc["type"]) != node.type:
+                # same name, other class (`__main__.Plain` against `mymodule.Plain`): show the modules
+                saved_sig = str(desc["type"]) + saved_sig[saved_sig.index("("):]
+                current_sig = node.type + current_sig[current_sig.index("("):]
+            diffs.append(NodeDiff(desc["path"], saved_sig, current_sig))
         elif list(desc.get("inputs", [])) != node.inputs:
             diffs.append(NodeDiff(
                 desc["path"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 from torch.utils.data.datapipes.iter import Batcher, FileLister, IterableWrapper, Mapper, Shuffler
 
 import snapshot
@@ -145,3 +146,50 @@ def test_nothing_raw_escapes_for_garbage_input(tmp_path) -> None:
             snapshot.load(path)
         with pytest.raises(snapshot.SnapshotFileError):
             snapshot.read_manifest(path)
+
+
+class Squares(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        return i * i
+
+
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(range(3))
+
+
+@pytest.mark.parametrize(("data", "wrapper"), [
+    (Squares(), "IterableWrapper(range(len(data))).map(data.__getitem__)"),
+    ([1, 2, 3], "IterableWrapper(range(len(data))).map(data.__getitem__)"),
+    (Stream(), "IterableWrapper"),
+    ((x for x in range(3)), "IterableWrapper"),
+])
+def test_a_dataset_or_a_list_is_refused_with_the_wrapper_to_use(data, wrapper) -> None:
+    with pytest.raises(TypeError, match=r"expects an IterDataPipe or a MapDataPipe, got ") as info:
+        snapshot.DataLoader2(data)
+    assert type(data).__qualname__ in str(info.value) and wrapper in str(info.value)
+
+
+def test_the_suggested_wrapper_works() -> None:
+    data = Squares()
+    assert list(snapshot.DataLoader2(IterableWrapper(range(len(data))).map(data.__getitem__))) == [0, 1, 4, 9]
+    assert list(snapshot.DataLoader2(IterableWrapper(Stream()))) == [0, 1, 2]
+
+
+def test_a_mismatch_between_classes_of_the_same_name_shows_their_modules(monkeypatch) -> None:
+    import sys
+    import types
+
+    other = types.ModuleType("elsewhere")
+    monkeypatch.setitem(sys.modules, "elsewhere", other)
+    exec("from tests.graphs import Squares\nclass Squares(Squares):\n    pass\n", other.__dict__)
+    snap = snap_of(graphs.with_generator_pipe)
+    built = Batcher(other.Squares(Shuffler(IterableWrapper(range(40)), buffer_size=6)), batch_size=3)
+    with pytest.raises(snapshot.GraphMismatchError) as info:
+        snapshot.DataLoader2(built).restore_snapshot(snap)
+    message = str(info.value)
+    assert "in snapshot: tests.graphs.Squares()" in message
+    assert "in loader:   elsewhere.Squares()" in message

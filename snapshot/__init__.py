@@ -22,6 +22,7 @@ import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
+from snapshot._rotation import latest
 from snapshot._version import __version__
 from snapshot.capture import Snapshot, capture, load, save
 from snapshot.errors import (
@@ -129,6 +130,7 @@ __all__ = [
     "WorkerInfo",
     "__version__",
     "capture",
+    "latest",
     "load",
     "read_manifest",
     "register_state_hook",

@@ -13,6 +13,7 @@ from torch's global generator (without advancing it), and the drawn seed is save
 
 from __future__ import annotations
 
+import os
 import pickle
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -20,7 +21,7 @@ from typing import Any, Generic, TypeVar
 
 from torch.utils.data import IterDataPipe, MapDataPipe
 
-from snapshot import _lightning_guard, _serialization
+from snapshot import _lightning_guard, _rotation, _serialization
 from snapshot._fingerprint import sample_fingerprint
 from snapshot.capture import LoaderState, Snapshot, capture, decode_nodes, part_info, parts_state_dict, save
 from snapshot.errors import LayoutError, RankError, SnapshotError, VerificationError
@@ -40,6 +41,15 @@ _INVALIDATED = (
     "This iterator has been invalidated because another iterator has been created from the "
     "same DataLoader2. Keep a single iterator per DataLoader2."
 )
+
+
+def _check_keep_last(dest: Any, keep_last: int) -> None:
+    """Refuse ``keep_last`` before saving where it cannot apply."""
+    if not isinstance(dest, (str, os.PathLike)):
+        raise ValueError(f"keep_last needs dest to be a path in a directory of snapshots, got {dest!r}")
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be at least 1, got {keep_last}")
+    _rotation.prune_check(dest)
 
 
 def _not_a_datapipe(datapipe: Any) -> str:
@@ -340,15 +350,20 @@ class DataLoader2(Generic[T_co]):
 
     def save_snapshot(
         self, dest: PathOrFile | None = None, *, include_graph: bool = True,
-        key: bytes | str | None = None, verify: int = 0,
+        keep_last: int | None = None, key: bytes | str | None = None, verify: int = 0,
     ) -> Snapshot:
         """Capture the current position; write it atomically to ``dest`` when given.
 
         ``include_graph=False`` leaves the pickled graph out (restore then needs the graph
-        built in code). ``key`` (or ``$SNAPSHOT_KEY``) signs the file. ``verify=K`` records
-        fingerprints of the next K samples (computed ahead and served from a buffer, so
-        nothing is lost); restoring then checks the restored stream against them.
+        built in code). ``keep_last=K`` then removes older snapshots numbered like ``dest``
+        in its directory (``ckpt/step-{step}.snap``), keeping the K newest; see
+        ``snapshot.latest(directory)`` to find the newest. ``key`` (or ``$SNAPSHOT_KEY``) signs
+        the file. ``verify=K`` records fingerprints of the next K samples (computed ahead and
+        served from a buffer, so nothing is lost); restoring then checks the restored stream
+        against them.
         """
+        if keep_last is not None:
+            _check_keep_last(dest, keep_last)
         snap = capture(self, include_graph=include_graph, verify=verify)
         collective = self._collective()
         if dest is not None and collective is not None:
@@ -356,6 +371,8 @@ class DataLoader2(Generic[T_co]):
             collective.save_directory(snap.to_bytes(key=key), snap.manifest, dest, key)
         elif dest is not None:
             save(snap, dest, key=key)
+        if keep_last is not None and (collective is None or collective.rank == 0):
+            _rotation.prune(dest, keep_last)  # type: ignore[arg-type]
         return snap
 
     def _collective(self) -> Any:

@@ -39,6 +39,7 @@ EXPECTED = [
     "WorkerInfo",
     "__version__",
     "capture",
+    "latest",
     "load",
     "read_manifest",
     "register_state_hook",

@@ -89,10 +89,11 @@ def train(workdir: str, role: str) -> None:
     torch.set_num_threads(1)
     seen = os.path.join(workdir, f"{role}.jsonl")
     model, opt = new_model()
-    data_snap = os.path.join(workdir, "data.snap")
-    model_ckpt = os.path.join(workdir, "model.pt")
+    ckpt_dir = os.path.join(workdir, "ckpt")   # model-<n>.pt and data-<n>.snap, the last 2 of each
     if role == "resumed":
-        ckpt = torch.load(model_ckpt, weights_only=True)
+        data_snap = snapshot.latest(ckpt_dir)   # the newest complete snapshot
+        assert data_snap is not None, "no snapshot to resume from"
+        ckpt = torch.load(data_snap.replace("data-", "model-").replace(".snap", ".pt"), weights_only=True)
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["opt"])
         dl = snapshot.DataLoader2.from_snapshot(data_snap)   # graph pickled inside the file
@@ -108,11 +109,18 @@ def train(workdir: str, role: str) -> None:
             loss = step(model, opt, batch)
             log(seen, {"epoch": epoch, "step": i, "batch": fingerprint(batch), "loss": round(loss, 6)})
             if role == "crashing" and (i + 1) % SAVE_EVERY == 0:
-                # model and data saved together, each atomically
+                # the model first (atomically), then the data: a data snapshot always has its model
+                n = f"{epoch:03d}{i + 1:05d}"
+                model_ckpt = os.path.join(ckpt_dir, f"model-{n}.pt")
+                os.makedirs(ckpt_dir, exist_ok=True)
                 torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
                             "epoch": epoch, "step": i + 1}, model_ckpt + ".tmp")
-                dl.save_snapshot(data_snap)
                 os.replace(model_ckpt + ".tmp", model_ckpt)
+                dl.save_snapshot(os.path.join(ckpt_dir, f"data-{n}.snap"), keep_last=2)
+                for name in os.listdir(ckpt_dir):   # models whose data snapshot was pruned
+                    if name.endswith(".pt") and not os.path.exists(
+                            os.path.join(ckpt_dir, name.replace("model-", "data-")[:-3] + ".snap")):
+                        os.unlink(os.path.join(ckpt_dir, name))
                 log(seen, {"checkpoint": [epoch, i + 1]})
             if role == "crashing" and (epoch, i) == CRASH_AT:
                 print(f"  [pid {os.getpid()}] simulated crash at epoch {epoch}, step {i} (SIGKILL)")
@@ -140,8 +148,11 @@ def main() -> int:
         print("2. training run that saves every 10 steps and is killed mid-epoch")
         code = run_role(workdir, "crashing")
         assert code == -signal.SIGKILL, f"expected the crashing run to be killed, got exit code {code}"
-        manifest = snapshot.read_manifest(os.path.join(workdir, "data.snap"))
-        print(f"   last snapshot on disk: epoch {manifest['loader']['epoch']}, "
+        last = snapshot.latest(os.path.join(workdir, "ckpt"))
+        assert last is not None
+        manifest = snapshot.read_manifest(last)
+        print(f"   newest of the snapshots kept ({', '.join(sorted(os.listdir(os.path.dirname(last))))}): "
+              f"{os.path.basename(last)}, epoch {manifest['loader']['epoch']}, "
               f"{manifest['loader']['yielded']} batches in, {manifest['payload']['size']} payload bytes")
         print("3. new process restores the model and the data position, finishes training")
         assert run_role(workdir, "resumed") == 0

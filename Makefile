@@ -8,28 +8,40 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+# two stamps: the demo needs the runtime (torch, dill, tqdm) and numpy; the tests need the dev set.
+# The full install also makes the demo's stamp, and a demo-only venv is upgraded by `make test`.
+DEMO_STAMP := $(VENV)/.installed-runtime
+STAMP      := $(VENV)/.installed
 TD_VENV  ?= .venv-torchdata
 TD_STAMP := $(TD_VENV)/.installed
+# An editable install that type checkers can follow: a static .pth entry instead of
+# setuptools' default import hook, which mypy and pyright cannot see through.
+EDITABLE := --config-settings editable_mode=compat -e
 
 .PHONY: demo test lint typecheck unit unit-torchdata bench docs venv clean
+
+# torch first, then everything with torch pinned: pip must never replace the CPU build
+$(DEMO_STAMP): setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet "torch==2.13.0"
+	$(BIN)/python -m pip install --quiet "torch==2.13.0" $(EDITABLE) ".[demo]"
+	touch $(DEMO_STAMP)
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
-	touch $(STAMP)
+	$(BIN)/python -m pip install --quiet "torch==2.13.0" $(EDITABLE) ".[dev]"
+	touch $(DEMO_STAMP) $(STAMP)
 
-# torch first, then everything with torch pinned: pip must never replace the CPU build
 $(TD_STAMP): setup.py
 	$(PYTHON) -m venv $(TD_VENV)
 	$(TD_VENV)/bin/python -m pip install --quiet "torch==2.13.0"
-	$(TD_VENV)/bin/python -m pip install --quiet "torch==2.13.0" -e ".[dev-torchdata-nodes]"
+	$(TD_VENV)/bin/python -m pip install --quiet "torch==2.13.0" $(EDITABLE) ".[dev-torchdata-nodes]"
 	touch $(TD_STAMP)
 
 venv: $(STAMP)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/python examples/demo.py
 
 lint: $(STAMP)

@@ -42,6 +42,8 @@ EXTRAS = {
     ],
     # what the test suite needs for the `snapshot` command's tests (fuzzing, pictures)
     "cli": [],
+    # `make demo` (examples/demo.py): the runtime, and numpy, without which torch warns on import
+    "demo": ["numpy>=1.26"],
 }
 TESTING = [
     "numpy>=1.26",
@@ -49,7 +51,7 @@ TESTING = [
     "pytest-timeout>=2.3",
     "hypothesis>=6.100",
 ]
-EXTRAS["dev"] = EXTRAS["docs"] + EXTRAS["cli"] + EXTRAS["accelerate"] + EXTRAS["lightning"] + TESTING + [
+EXTRAS["dev"] = EXTRAS["demo"] + EXTRAS["docs"] + EXTRAS["cli"] + EXTRAS["accelerate"] + EXTRAS["lightning"] + TESTING + [
     "torchdata==0.9.0",
     "ruff==0.17.6",
     "mypy==2.4.1",

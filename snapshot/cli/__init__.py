@@ -1,22 +1,25 @@
-"""The ``snapshot`` command: look inside, compare, check and draw snapshot files.
+"""The snapshot command: look inside, compare, check and draw snapshot files.
 
     snapshot inspect FILE [--json]
     snapshot diff A B [--json]
-    snapshot verify FILE [--key KEY | --key-file PATH] [--graph MODULE:FACTORY] [--json]
+    snapshot verify FILE [--key KEY | --key-file PATH]
+                         [--graph MODULE:FACTORY] [--json]
     snapshot graph FILE [--format dot|svg|png] [-o OUT]
 
-FILE is a snapshot file or a distributed run's directory (its manifest.snap is read, and
-verify checks every rank's part). ``inspect``, ``diff`` and ``graph`` read manifests only
-(see ``docs/format.md``): they never unpickle, so they are safe on files from anywhere and
-work where the graph's modules are not importable. ``verify`` reads the payload's bytes to
-check them, and unpickles nothing either; only ``--graph`` runs code, the factory you name.
+FILE is a snapshot file or a distributed run's directory (its manifest.snap is
+read, and verify checks every rank's part). inspect, diff and graph read
+manifests only (see docs/format.md): they never unpickle, so they are safe on
+files from anywhere and work where the graph's modules are not importable.
+verify reads the payload's bytes to check them, and unpickles nothing either;
+only --graph runs code, the factory you name. Output fits the terminal's width
+($COLUMNS); --json output is whole.
 
 Exit codes:
   0  success: printed; verify found no problem; diff found no difference
-  1  verify found a problem (damaged, tampered, unsigned with a key, version skew,
-     graph mismatch); diff: the snapshots differ
+  1  verify found a problem (damaged, tampered, unsigned with a key, version
+     skew, graph mismatch); diff: the snapshots differ
   2  usage error, or an input that cannot be read or is not a valid snapshot
-  3  a program the command needs is missing or failed (Graphviz's `dot`)
+  3  a program the command needs is missing or failed (Graphviz's dot)
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from collections.abc import Sequence
 from snapshot._version import __version__
 from snapshot.cli import _diff, _dot, _inspect, _verify
 from snapshot.cli._exit import EXIT_INVALID, EXIT_OK, CommandError
+from snapshot.cli._text import fit
 from snapshot.errors import SnapshotError
 
 __all__ = ["main"]
@@ -52,10 +56,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
         return code
     except CommandError as exc:
-        print(f"snapshot: {exc}", file=sys.stderr)
+        print(fit(f"snapshot: {exc}"), file=sys.stderr)
         return exc.code
     except SnapshotError as exc:
-        print(f"snapshot: {exc}", file=sys.stderr)
+        print(fit(f"snapshot: {exc}"), file=sys.stderr)
         return EXIT_INVALID
     except OSError as exc:
         if isinstance(exc, BrokenPipeError):  # `snapshot inspect f | head`: not an error

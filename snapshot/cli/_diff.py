@@ -15,7 +15,7 @@ from typing import Any
 from snapshot.cli._exit import EXIT_OK, EXIT_PROBLEM
 from snapshot.cli._inspect import describe_position
 from snapshot.cli._source import read
-from snapshot.cli._text import MAX_LISTED, count, more, table
+from snapshot.cli._text import MAX_LISTED, count, fit, more, table
 from snapshot.cli._view import NodeDesc, NodeTotals, View, read_view
 
 __all__ = ["Difference", "add_command", "compare", "render"]
@@ -274,5 +274,5 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"a": args.a, "b": args.b, "same": not diffs,
                           "differences": [asdict(d) for d in diffs]}, indent=2))
     else:
-        print(render(a, b, diffs))
+        print(fit(render(a, b, diffs)))
     return EXIT_PROBLEM if diffs else EXIT_OK

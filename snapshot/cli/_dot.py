@@ -16,10 +16,10 @@ from typing import Any
 from snapshot.cli._exit import EXIT_INVALID, EXIT_UNAVAILABLE, CommandError
 from snapshot.cli._inspect import describe_position, summed
 from snapshot.cli._source import read
-from snapshot.cli._text import count, size
+from snapshot.cli._text import count, size, terminal_width
 from snapshot.cli._view import NodeTotals, View, read_view
 
-__all__ = ["INSTALL_HINT", "add_command", "to_dot"]
+__all__ = ["INSTALL_HINT", "add_command", "fold", "to_dot"]
 
 FORMATS = ("dot", "svg", "png")
 #: Longest argument value, and longest argument list, shown in a box.
@@ -40,7 +40,7 @@ def add_command(commands: Any) -> None:
     cmd = commands.add_parser(
         "graph", help="draw the saved graph, annotated with positions (Graphviz)",
         description="Write the saved graph as Graphviz DOT, or as SVG or PNG through Graphviz's "
-                    "`dot` program, each node annotated with its samples yielded, buffered "
+                    "dot program, each node annotated with its samples yielded, buffered "
                     "samples and restore method. Reads the manifest only.")
     cmd.add_argument("file", help="a snapshot file")
     cmd.add_argument("--format", "-f", choices=FORMATS, default="dot", help="output format (default: dot)")
@@ -114,6 +114,33 @@ def to_dot(view: View) -> str:
     return "\n".join(out) + "\n"
 
 
+def fold(dot_text: str, width: int | None) -> str:
+    """DOT text with no line wider than ``width`` where it can be helped: a long line breaks at a
+    space between attributes, or inside a quoted string with a backslash-newline, which Graphviz
+    reads as nothing (its C-style continuation)."""
+    if not width:
+        return dot_text
+    out = []
+    for line in dot_text.split("\n"):
+        start, last = 0, None  # last: where a break may go (before that index), and if inside quotes
+        quoted = escaped = False
+        for i, char in enumerate(line):
+            if i > start and not escaped and (quoted or char == " "):
+                last = (i, quoted)
+            if i - start >= width - 1 and last is not None:
+                at, inside = last
+                out.append(line[start:at] + ("\\" if inside else ""))
+                start, last = at, None
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                quoted = not quoted
+        out.append(line[start:])
+    return "\n".join(out)
+
+
 def _render(dot_text: str, image_format: str) -> bytes:
     program = shutil.which("dot")
     if program is None:
@@ -135,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("PNG is binary: pass `-o FILE.png` or redirect the output", EXIT_INVALID)
     view = read_view(read(args.file)[0], args.file)
     text = to_dot(view)
+    if args.format == "dot" and args.output is None:  # read on a terminal: fitted to it
+        text = fold(text, terminal_width())
     data = text.encode() if args.format == "dot" else _render(text, args.format)
     if args.output is not None:
         with open(args.output, "wb") as f:

@@ -9,7 +9,7 @@ from typing import Any
 from snapshot import format as fmt
 from snapshot.cli._exit import CommandError
 from snapshot.cli._source import read
-from snapshot.cli._text import count, size, table
+from snapshot.cli._text import count, fit, size, table
 from snapshot.cli._view import NodeTotals, Router, Shard, View, read_view
 
 __all__ = ["add_command", "describe_position", "graph_rows", "render", "summed"]
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         except RecursionError as exc:
             raise CommandError(f"{args.file}: the manifest is nested too deeply to print") from exc
     else:
-        print(render(read_view(manifest, args.file), full_paths=args.full_paths))
+        print(fit(render(read_view(manifest, args.file), full_paths=args.full_paths)))
     return 0
 
 
@@ -240,7 +240,8 @@ def render(view: View, *, full_paths: bool = False) -> str:
         "",
         graph,
         *table(["node" if full_paths else "node (edge from its parent)", "type", "yielded", "buffered",
-                "state", "restore", "replay"], graph_rows(view, full_paths=full_paths), right=[2, 3, 4, 6]),
+                "state", "restore", "replay"], graph_rows(view, full_paths=full_paths), right=[2, 3, 4, 6],
+              keep_ends=[0]),
         "",
         *_plan(view),
         "",

@@ -22,7 +22,7 @@ from snapshot import format as fmt
 from snapshot._version import __version__
 from snapshot.cli._exit import EXIT_INVALID, EXIT_OK, EXIT_PROBLEM, CommandError
 from snapshot.cli._source import Source, locate, part_path
-from snapshot.cli._text import MAX_LISTED, count, more
+from snapshot.cli._text import MAX_LISTED, count, fit, more
 from snapshot.cli._view import PartFile, View, read_view
 from snapshot.errors import CorruptSnapshotError, SignatureError, SnapshotFileError
 
@@ -286,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"file": args.file, "ok": not failed, "checks": [c.as_json() for c in checks]}, indent=2))
     else:
-        print(_report(args.file, checks))
+        print(fit(_report(args.file, checks)))
     if failed:
         print(f"snapshot: {args.file} failed verification: {', '.join(c.check for c in failed)}", file=sys.stderr)
         return EXIT_PROBLEM

@@ -61,6 +61,11 @@ def test_site_builds_with_warnings_as_errors(tmp_path: Path) -> None:
         assert (site / page).exists(), f"{page} was not built"
     # the API reference is generated from the docstrings
     assert "save_snapshot" in (site / "reference/loader/index.html").read_text()
+    # docstrings' Sphinx roles (:class:`x`) are for editors and help(); no page shows one raw
+    raw_role = re.compile(r":(?:py:)?(?:func|class|meth|mod|attr|exc|data|obj|const):(?:<code>|`)")
+    shown = {str(p.relative_to(site)): m.group(0) for p in site.rglob("*.html")
+             for m in [raw_role.search(p.read_text())] if m}
+    assert not shown, f"pages that show raw roles: {shown}"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(DOCS)) for p in PAGES])
@@ -131,3 +136,106 @@ def test_benchmark_figures_can_be_made_again(tmp_path: Path) -> None:
     for figure in ("restore.svg", "iterate.svg", "workers.svg"):
         assert (tmp_path / figure).stat().st_size > 1000
         assert (DOCS / "benchmarks" / figure).exists(), f"docs/benchmarks/{figure} is not committed"
+
+
+# -- docs/cli.md shows what the commands print ------------------------------------------------
+
+_PIPELINE = '''
+from torch.utils.data import IterDataPipe
+from torch.utils.data.datapipes.iter import Batcher, IterableWrapper, Shuffler
+
+
+class Tagged(IterDataPipe):
+    """A pipe of your own, without a state hook."""
+
+    def __init__(self, datapipe):
+        self.datapipe = datapipe
+
+    def __iter__(self):
+        for x in self.datapipe:
+            yield {"id": x}
+
+
+def build(buffer_size=50):
+    return Batcher(Tagged(Shuffler(IterableWrapper(range(1000)), buffer_size=buffer_size)), 8)
+
+
+def build_bigger_buffer():
+    return build(64)
+'''
+
+
+def cli_examples(directory: Path, monkeypatch: pytest.MonkeyPatch,
+                 capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
+    """What ``inspect``, ``diff`` and ``verify`` print, at 80 columns, for the snapshots docs/cli.md describes."""
+    import snapshot
+    from snapshot.cli import main
+
+    (directory / "pipeline.py").write_text(_PIPELINE)
+    monkeypatch.chdir(directory)
+    monkeypatch.syspath_prepend(str(directory))
+    monkeypatch.setenv("COLUMNS", "80")
+    import pipeline  # type: ignore[import-not-found]
+
+    dl = snapshot.DataLoader2(pipeline.build())
+    dl.seed(42)
+    it = iter(dl)
+    for _ in range(12):
+        next(it)
+    dl.save_snapshot("early.snap")
+    for _ in range(30):
+        next(it)
+    dl.save_snapshot("later.snap")
+    dl.shutdown()
+    outputs = {}
+    for name, argv in {"inspect": ["inspect", "early.snap"], "diff": ["diff", "early.snap", "later.snap"],
+                       "verify": ["verify", "early.snap", "--graph", "pipeline:build_bigger_buffer"]}.items():
+        capsys.readouterr()
+        main(argv)
+        outputs[name] = capsys.readouterr().out
+    sys.modules.pop("pipeline", None)
+    return outputs
+
+
+def _masked(text: str) -> str:
+    """The text without what differs from run to run: times, digests, sizes and counts, spacing."""
+    text = re.sub(r"\d{4}-\d\d-\d\dT[\d:.+]+", "TIME", text)
+    text = re.sub(r"\b[0-9a-f]{12,}\b…?", "HEX", text)
+    text = re.sub(r"\d[\d,.]*(\+cpu)?( (B|KiB|MiB))?", "N", text)
+    return " ".join(text.split())
+
+
+def _text_block_after(page: str, heading: str) -> str:
+    section = page[page.index(heading):]
+    match = _FENCE.search(section)
+    assert match is not None and match.group("lang") == "text", f"no ```text block under {heading}"
+    return match.group("body")
+
+
+def test_cli_page_shows_what_the_commands_print(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    page = (DOCS / "cli.md").read_text()
+    outputs = cli_examples(tmp_path, monkeypatch, capsys)
+    for name, heading in {"inspect": "## `snapshot inspect FILE`", "diff": "## `snapshot diff A B`",
+                          "verify": "## `snapshot verify FILE`"}.items():
+        shown = _text_block_after(page, heading)
+        assert _masked(shown) == _masked(outputs[name]), (
+            f"docs/cli.md's `snapshot {name}` example is not what the command prints; it prints:\n{outputs[name]}")
+        assert max(len(line) for line in shown.splitlines()) <= 80
+
+
+def test_cli_page_lists_every_command_and_option() -> None:
+    from snapshot.cli import _parser
+
+    page = (DOCS / "cli.md").read_text()
+    commands = _parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    for name, parser in commands.items():
+        assert f"## `snapshot {name} " in page, f"docs/cli.md has no section for `snapshot {name}`"
+        for action in parser._actions:
+            for option in action.option_strings:
+                if option not in ("-h", "--help"):
+                    assert f"{option}" in page, f"docs/cli.md does not mention `snapshot {name} {option}`"
+    usage_block = _text_block_after(page, "# Command line")
+    assert len(re.findall(r"^snapshot (\w+) ", usage_block, re.MULTILINE)) == len(commands)
+    for usage in re.findall(r"^snapshot (\w+) ", usage_block, re.MULTILINE):
+        assert usage in commands, f"docs/cli.md shows `snapshot {usage}`, which is not a command"

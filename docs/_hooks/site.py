@@ -50,17 +50,22 @@ def on_files(files: Files, config: Any) -> Files:
     return files
 
 
-_ROLE = re.compile(r":(?:func|class|meth|mod|attr|exc|data|obj):<code>~?([\w.]+)</code>")
+# ``:role:`name```, ``:role:`~pkg.name``` and ``:role:`title <target>``` (which may span lines)
+_ROLE = re.compile(r":(?:py:)?(?:func|class|meth|mod|attr|exc|data|obj|const):<code>(~?)([^<]*?)"
+                   r"(?:\s*&lt;[^<]*?&gt;)?</code>")
+#: What a role left in a rendered page looks like (tests/test_docs.py looks for it).
+RAW_ROLE = re.compile(r":(?:py:)?(?:func|class|meth|mod|attr|exc|data|obj|const):(?:<code>|`)")
 _LITERAL = re.compile(r"::</p>")
 
 
 def _short(match: re.Match[str]) -> str:
-    name = match.group(1)
-    shown = name.rsplit(".", 1)[-1] if "~" in match.group(0) else name
+    name = " ".join(match.group(2).split())
+    shown = name.rsplit(".", 1)[-1] if match.group(1) else name
     return f"<code>{shown}</code>"
 
 
 def on_page_content(html: str, page: Any, config: Any, files: Files) -> str:
+    html = _ROLE.sub(_short, html)
     if not page.file.src_uri.startswith("reference/"):
         return html
-    return _LITERAL.sub(":</p>", _ROLE.sub(_short, html))
+    return _LITERAL.sub(":</p>", html)

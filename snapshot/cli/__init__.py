@@ -1,6 +1,6 @@
 """The snapshot command: look inside, compare, check and draw snapshot files.
 
-    snapshot inspect FILE [--json]
+    snapshot inspect FILE [--json] [--full-paths]
     snapshot diff A B [--json]
     snapshot verify FILE [--key KEY | --key-file PATH]
                          [--graph MODULE:FACTORY] [--json]

@@ -9,7 +9,7 @@ from typing import Any
 from snapshot import format as fmt
 from snapshot.cli._exit import CommandError
 from snapshot.cli._source import read
-from snapshot.cli._text import count, fit, size, table
+from snapshot.cli._text import count, fit, size, table, terminal_width
 from snapshot.cli._view import NodeTotals, Router, Shard, View, read_view
 
 __all__ = ["add_command", "describe_position", "graph_rows", "render", "summed"]
@@ -69,12 +69,13 @@ def _compact(value: Any, width: int = 100) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def graph_rows(view: View, *, full_paths: bool = False) -> list[list[str]]:
+def graph_rows(view: View, *, full_paths: bool = False, compact: bool = False) -> list[list[str]]:
     """The graph as a tree: one row per node (node, type, yielded, buffered, state, restore, replay).
 
     A node's path is its parent's path, ``/``, and the edge shown (``full_paths`` shows it all).
     A node reached again through another edge (the input shared by ``fork`` children) is
-    listed once and referred to by its full path afterwards.
+    listed once and referred to by its full path afterwards. ``compact`` drops the
+    ``IterDataPipe`` that ends torch's class names (for a narrow terminal).
     """
     totals = view.totals()
     rows: list[list[str]] = []
@@ -92,8 +93,10 @@ def graph_rows(view: View, *, full_paths: bool = False) -> list[list[str]]:
         name = path
         if parent and not full_paths and path.startswith(parent + "/"):
             name = path[len(parent) + 1:]
-        rows.append([f"{prefix}{connector}{name}", node.signature(skip_none=True, width=ARG_WIDTH, limit=TYPE_WIDTH),
-                     *_figures(totals.get(path))])
+        signature = node.signature(skip_none=True, width=ARG_WIDTH, limit=TYPE_WIDTH)
+        if compact and node.short_type.endswith("IterDataPipe") and node.short_type != "IterDataPipe":
+            signature = signature.replace("IterDataPipe(", "(", 1)
+        rows.append([f"{prefix}{connector}{name}", signature, *_figures(totals.get(path))])
         child_prefix = prefix + ("" if not connector else ("   " if connector.startswith("└") else "│  "))
         for i in reversed(range(len(node.inputs))):
             last = i == len(node.inputs) - 1
@@ -224,6 +227,18 @@ def _sizes(view: View) -> list[str]:
     return lines + table(["part", "bytes", ""], rows, right=[1])
 
 
+def _graph_table(view: View, full_paths: bool) -> list[str]:
+    """The graph's table; on a terminal too narrow for it, with shorter type names, then elided."""
+    header = ["node" if full_paths else "node (edge from its parent)", "type", "yielded", "buffered",
+              "state", "restore", "replay"]
+    width = terminal_width()
+    lines = table(header, graph_rows(view, full_paths=full_paths), right=[2, 3, 4, 6], width=0)
+    if width is None or max(map(len, lines)) <= width:
+        return lines
+    return table(header, graph_rows(view, full_paths=full_paths, compact=True), right=[2, 3, 4, 6],
+                 keep_ends=[0], width=width)
+
+
 def render(view: View, *, full_paths: bool = False) -> str:
     versions = ", ".join(f"{k} {v}" for k, v in view.versions.items()) or "unknown"
     graph = (f"Graph: {len(view.nodes)} nodes, fingerprint {view.fingerprint or '-'}, "
@@ -239,9 +254,7 @@ def render(view: View, *, full_paths: bool = False) -> str:
         f"  position    {position}",
         "",
         graph,
-        *table(["node" if full_paths else "node (edge from its parent)", "type", "yielded", "buffered",
-                "state", "restore", "replay"], graph_rows(view, full_paths=full_paths), right=[2, 3, 4, 6],
-              keep_ends=[0]),
+        *_graph_table(view, full_paths),
         "",
         *_plan(view),
         "",

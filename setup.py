@@ -39,6 +39,7 @@ EXTRAS = {
         "nbclient>=0.10,<0.12",
         "ipykernel>=6.29,<8",
         "matplotlib>=3.8,<4",
+        "mkdocs-jupyter==0.26.3",
     ],
     # what the test suite needs for the `snapshot` command's tests (fuzzing, pictures)
     "cli": [],

@@ -48,7 +48,9 @@ PAGES = sorted(p for p in DOCS.rglob("*.md") if python_blocks(p.read_text()))
 
 
 def test_site_builds_with_warnings_as_errors(tmp_path: Path) -> None:
-    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")  # a banner from mkdocs-material, not a warning
+    # a banner from mkdocs-material, not a warning; the tutorials are rendered without running
+    # them again (tests/test_tutorials.py runs them, and checks what they render)
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1", SNAPSHOT_DOCS_EXECUTE="false")
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),
          "--site-dir", str(tmp_path / "site")],
@@ -57,7 +59,9 @@ def test_site_builds_with_warnings_as_errors(tmp_path: Path) -> None:
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
     assert "WARNING" not in proc.stderr, proc.stderr
     site = tmp_path / "site"
-    for page in ("index.html", "reference/loader/index.html", "reference/errors/index.html"):
+    pages = ["index.html", "reference/loader/index.html", "reference/errors/index.html",
+             *(f"tutorials/{p.stem}/index.html" for p in sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.py")))]
+    for page in pages:
         assert (site / page).exists(), f"{page} was not built"
     # the API reference is generated from the docstrings
     assert "save_snapshot" in (site / "reference/loader/index.html").read_text()
@@ -102,7 +106,11 @@ def _nav_files(nav: object) -> list[str]:
 def test_nav_has_every_page_the_issue_asks_for() -> None:
     import yaml
 
-    nav = _nav_files(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_constructor("!ENV", lambda loader, node: None)  # mkdocs's environment variables
+    nav = _nav_files(yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=Loader)["nav"])
     wanted = {
         "getting started": "getting-started.md",
         "concept: graph": "concepts/graph.md",
@@ -122,6 +130,7 @@ def test_nav_has_every_page_the_issue_asks_for() -> None:
         "command line": "cli.md",
         "API reference": "reference/loader.md",
         "benchmarks": "benchmarks.md",
+        **{f"tutorial {p.stem}": f"tutorials/{p.name}" for p in sorted((ROOT / "tutorials").glob("[0-9][0-9]_*.py"))},
     }
     missing = {what: path for what, path in wanted.items() if path not in nav}
     assert not missing, f"pages missing from the nav of mkdocs.yml: {missing}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,7 +33,7 @@ def _params() -> list[object]:
             for path in NOTEBOOKS]
 
 
-def _execute(path: Path, workdir: Path) -> None:
+def _execute(path: Path, workdir: Path) -> Any:
     import jupytext
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
@@ -46,6 +47,7 @@ def _execute(path: Path, workdir: Path) -> None:
         asyncio.run(client.async_execute())
     except CellExecutionError as error:
         pytest.fail(f"{path.name}: a cell failed\n{error}", pytrace=False)
+    return notebook
 
 
 def test_every_notebook_is_listed() -> None:
@@ -58,7 +60,61 @@ def test_every_notebook_is_listed() -> None:
 @pytest.mark.parametrize("path", _params())
 def test_notebook_runs_and_its_claims_hold(path: Path, tmp_path: Path) -> None:
     assert sys.executable  # the kernel is the test environment's own Python (ipykernel)
-    _execute(path, tmp_path)
+    notebook = _execute(path, tmp_path)
+    # what the docs site shows (mkdocs-jupyter renders through nbconvert): the outputs, and plots
+    from nbconvert import HTMLExporter
+
+    html, _ = HTMLExporter().from_notebook_node(notebook)
+    assert "jp-OutputArea-output" in html, f"{path.name} renders no output"
+    if path.name in PLOTS:
+        assert "data:image/png;base64," in html, f"{path.name} renders no plot"
+    assert list(tmp_path.iterdir()) == [], "a tutorial writes into the directory it is opened in"
+
+
+#: Tutorials that draw a figure.
+PLOTS = {"04_inspecting_snapshots.py"}
+
+
+def _writefile(path: Path) -> tuple[str, str] | None:
+    """The file a tutorial's ``%%writefile`` cell writes, and its text in the notebook."""
+    import jupytext
+
+    for cell in jupytext.read(path).cells:
+        first, _, body = cell.source.partition("\n")
+        if cell.cell_type == "code" and first.startswith("%%writefile "):
+            return first.split()[1], body
+    return None
+
+
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if _writefile(p)], ids=lambda p: p.stem)
+def test_as_a_plain_script_the_written_file_is_the_notebooks(path: Path, tmp_path: Path) -> None:
+    """Run as ``python tutorials/NN.py``, the ``%%writefile`` cell is plain code that must not run its
+    job, and the next cell writes the same file the notebook's magic writes (in a scratch directory)."""
+    import subprocess
+
+    name, body = _writefile(path)  # type: ignore[misc]
+    text = path.read_text()
+    cut = text.index("\n# %%", text.index(f"Path({name!r}).write_text(_text)".replace("'", '"')))
+    head = tmp_path / path.name   # the tutorial up to its scratch directory, run as a script
+    head.write_text(text[:cut] + "\nprint(os.getcwd())\n")
+    code = (f"import sys; __file__ = {str(path)!r}; sys.argv = [__file__]; "
+            f"exec(compile(open({str(head)!r}).read(), __file__, 'exec'))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    scratch = Path(proc.stdout.strip().splitlines()[-1])
+    assert (scratch / name).read_text().strip() == body.strip()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+
+
+@pytest.mark.timeout(600)
+def test_a_tutorial_runs_as_a_plain_script(tmp_path: Path) -> None:
+    import subprocess
+
+    path = TUTORIALS / "03_state_hooks.py"  # writes a module, imports it, runs workers: the whole path
+    proc = subprocess.run([sys.executable, str(path)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "exact at 8 cut points" in proc.stdout
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_notebook_whose_claim_is_wrong_fails(tmp_path: Path) -> None:

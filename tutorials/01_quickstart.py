@@ -59,43 +59,64 @@ def digest(*tensors):
     return hashlib.sha256(b"".join(t.detach().numpy().tobytes() for t in tensors)).hexdigest()[:12]
 
 
-role, workdir = sys.argv[1], sys.argv[2]
-log = open(os.path.join(workdir, f"{role}.jsonl"), "a")
-torch.manual_seed(0)
-model = torch.nn.Linear(8, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-start_epoch, start_step = 0, 0
+def main(role, workdir):
+    log = open(os.path.join(workdir, f"{role}.jsonl"), "a")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    start_epoch, start_step = 0, 0
 
-if role == "resumed":
-    ckpt = torch.load(os.path.join(workdir, "model.pt"), weights_only=True)
-    model.load_state_dict(ckpt["model"])
-    opt.load_state_dict(ckpt["opt"])
-    start_epoch, start_step = ckpt["epoch"], ckpt["step"]
-    dl = snapshot.DataLoader2.from_snapshot(os.path.join(workdir, "data.snap"))  # the graph is inside
-else:
-    dl = snapshot.DataLoader2(build_graph())
-    dl.seed(SEED)
+    if role == "resumed":
+        ckpt = torch.load(os.path.join(workdir, "model.pt"), weights_only=True)
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["opt"])
+        start_epoch, start_step = ckpt["epoch"], ckpt["step"]
+        dl = snapshot.DataLoader2.from_snapshot(os.path.join(workdir, "data.snap"))  # the graph is inside
+    else:
+        dl = snapshot.DataLoader2(build_graph())
+        dl.seed(SEED)
 
-for epoch in range(start_epoch, EPOCHS):
-    for step, (x, y) in enumerate(dl, start=start_step if epoch == start_epoch else 0):
-        opt.zero_grad()
-        torch.nn.functional.binary_cross_entropy_with_logits(model(x).squeeze(1), y).backward()
-        opt.step()
-        log.write(json.dumps({"epoch": epoch, "step": step, "batch": digest(x, y)}) + "\n")
-        log.flush()
-        if role == "crashing" and (step + 1) % SAVE_EVERY == 0:
-            # the model and the data position, saved together (both writes are atomic)
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
-                        "epoch": epoch, "step": step + 1}, os.path.join(workdir, "model.tmp"))
-            dl.save_snapshot(os.path.join(workdir, "data.snap"))
-            os.replace(os.path.join(workdir, "model.tmp"), os.path.join(workdir, "model.pt"))
-            log.write(json.dumps({"checkpoint": [epoch, step + 1]}) + "\n")
+    for epoch in range(start_epoch, EPOCHS):
+        for step, (x, y) in enumerate(dl, start=start_step if epoch == start_epoch else 0):
+            opt.zero_grad()
+            torch.nn.functional.binary_cross_entropy_with_logits(model(x).squeeze(1), y).backward()
+            opt.step()
+            log.write(json.dumps({"epoch": epoch, "step": step, "batch": digest(x, y)}) + "\n")
             log.flush()
-        if role == "crashing" and (epoch, step) == CRASH_AT:
-            os.kill(os.getpid(), signal.SIGKILL)                      # no clean-up, no goodbye
+            if role == "crashing" and (step + 1) % SAVE_EVERY == 0:
+                # the model and the data position, saved together (both writes are atomic)
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
+                            "epoch": epoch, "step": step + 1}, os.path.join(workdir, "model.tmp"))
+                dl.save_snapshot(os.path.join(workdir, "data.snap"))
+                os.replace(os.path.join(workdir, "model.tmp"), os.path.join(workdir, "model.pt"))
+                log.write(json.dumps({"checkpoint": [epoch, step + 1]}) + "\n")
+                log.flush()
+            if role == "crashing" and (epoch, step) == CRASH_AT:
+                os.kill(os.getpid(), signal.SIGKILL)                      # no clean-up, no goodbye
 
-log.write(json.dumps({"weights": digest(*model.parameters())}) + "\n")
-dl.shutdown()
+    log.write(json.dumps({"weights": digest(*model.parameters())}) + "\n")
+    dl.shutdown()
+
+
+if __name__ == "__main__" and len(sys.argv) == 3:
+    main(sys.argv[1], sys.argv[2])
+
+# %%
+# Work in a scratch directory. Run as a plain script (`python tutorials/01_quickstart.py`), the
+# `%%writefile` line above is only a comment: train.py is written from this file's own text.
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+if "__file__" in globals():
+    _text = Path(__file__).read_text().split("# %%writefile train.py\n", 1)[1].split("\n# %%", 1)[0]
+else:
+    _text = Path("train.py").read_text()
+    Path("train.py").unlink()
+os.chdir(tempfile.mkdtemp(prefix="tutorial-"))
+sys.path.insert(0, os.getcwd())   # modules written here are importable, as in a notebook
+Path("train.py").write_text(_text)
 
 # %% [markdown]
 # A helper runs the script as a separate process and reads its log.

@@ -28,8 +28,10 @@
 # the mechanics.
 
 # %%
+import os
 import subprocess
 import sys
+import tempfile
 import time
 
 from torch.utils.data.datapipes.iter import IterableWrapper
@@ -38,6 +40,7 @@ import snapshot
 
 L = 4       # logical shards
 SEED = 7
+os.chdir(tempfile.mkdtemp(prefix="tutorial-"))   # snapshot files go to a scratch directory
 
 
 def load(i):

@@ -56,6 +56,23 @@ def build_graph():
 
 
 # %%
+# Work in a scratch directory. Run as a plain script (`python tutorials/03_state_hooks.py`), the
+# `%%writefile` line above is only a comment: my_pipes.py is written from this file's own text.
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+if "__file__" in globals():
+    _text = Path(__file__).read_text().split("# %%writefile my_pipes.py\n", 1)[1].split("\n# %%", 1)[0]
+else:
+    _text = Path("my_pipes.py").read_text()
+    Path("my_pipes.py").unlink()
+os.chdir(tempfile.mkdtemp(prefix="tutorial-"))
+sys.path.insert(0, os.getcwd())   # modules written here are importable, as in a notebook
+Path("my_pipes.py").write_text(_text)
+
+# %%
 import subprocess
 import sys
 

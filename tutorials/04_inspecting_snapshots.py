@@ -40,6 +40,23 @@ def build_graph():
 
 
 # %%
+# Work in a scratch directory. Run as a plain script (`python tutorials/04_inspecting_snapshots.py`), the
+# `%%writefile` line above is only a comment: features.py is written from this file's own text.
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+if "__file__" in globals():
+    _text = Path(__file__).read_text().split("# %%writefile features.py\n", 1)[1].split("\n# %%", 1)[0]
+else:
+    _text = Path("features.py").read_text()
+    Path("features.py").unlink()
+os.chdir(tempfile.mkdtemp(prefix="tutorial-"))
+sys.path.insert(0, os.getcwd())   # modules written here are importable, as in a notebook
+Path("features.py").write_text(_text)
+
+# %%
 import importlib
 import json
 import os

@@ -33,6 +33,7 @@
 import argparse
 import json
 import os
+import sys
 
 import torch
 from accelerate import Accelerator
@@ -113,8 +114,25 @@ def main():
         json.dump(weights, f)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and len(sys.argv) > 1:   # run as train.py, with its arguments
     main()
+
+# %%
+# Work in a scratch directory. Run as a plain script (`python tutorials/05_training_loop.py`), the
+# `%%writefile` line above is only a comment: train.py is written from this file's own text.
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+if "__file__" in globals():
+    _text = Path(__file__).read_text().split("# %%writefile train.py\n", 1)[1].split("\n# %%", 1)[0]
+else:
+    _text = Path("train.py").read_text()
+    Path("train.py").unlink()
+os.chdir(tempfile.mkdtemp(prefix="tutorial-"))
+sys.path.insert(0, os.getcwd())   # modules written here are importable, as in a notebook
+Path("train.py").write_text(_text)
 
 # %% [markdown]
 # ## An uninterrupted run, for reference

@@ -64,8 +64,21 @@ def _short(match: re.Match[str]) -> str:
     return f"<code>{shown}</code>"
 
 
+# The tutorials link to the repository's files (tutorials/NN_x.py -> ../docs/page.md, or
+# NN_y.py); on the site they are pages at tutorials/NN_x/.
+_TUTORIAL_DOC_LINK = re.compile(r'href="\.\./docs/([^"#]+?)\.md(#[^"]*)?"')
+_TUTORIAL_LINK = re.compile(r'href="(\d\d_\w+)\.py(#[^"]*)?"')
+
+
+def _tutorial_links(html: str) -> str:
+    html = _TUTORIAL_DOC_LINK.sub(lambda m: f'href="../../{m.group(1)}/{m.group(2) or ""}"', html)
+    return _TUTORIAL_LINK.sub(lambda m: f'href="../{m.group(1)}/{m.group(2) or ""}"', html)
+
+
 def on_page_content(html: str, page: Any, config: Any, files: Files) -> str:
     html = _ROLE.sub(_short, html)
+    if page.file.src_uri.startswith("tutorials/"):
+        html = _tutorial_links(html)
     if not page.file.src_uri.startswith("reference/"):
         return html
     return _LITERAL.sub(":</p>", html)

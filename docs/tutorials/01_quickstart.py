@@ -1,0 +1,1 @@
+../../tutorials/01_quickstart.py

@@ -1,0 +1,1 @@
+../../tutorials/02_workers_and_rescaling.py

@@ -1,0 +1,1 @@
+../../tutorials/03_state_hooks.py

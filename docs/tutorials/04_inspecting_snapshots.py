@@ -1,0 +1,1 @@
+../../tutorials/04_inspecting_snapshots.py

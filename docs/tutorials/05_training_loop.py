@@ -1,0 +1,1 @@
+../../tutorials/05_training_loop.py

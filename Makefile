@@ -17,6 +17,9 @@ TD_STAMP := $(TD_VENV)/.installed
 # An editable install that type checkers can follow: a static .pth entry instead of
 # setuptools' default import hook, which mypy and pyright cannot see through.
 EDITABLE := --config-settings editable_mode=compat -e
+# the distribution's former name (an older checkout installed it as `snapshot`): removed first,
+# so that one installation provides the package
+UNINSTALL_OLD = -m pip uninstall --quiet -y snapshot >/dev/null 2>&1 || true
 
 .PHONY: demo test lint typecheck unit unit-torchdata bench docs venv clean
 
@@ -24,18 +27,21 @@ EDITABLE := --config-settings editable_mode=compat -e
 $(DEMO_STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
+	$(BIN)/python $(UNINSTALL_OLD)
 	$(BIN)/python -m pip install --quiet "torch==2.13.0" $(EDITABLE) ".[demo]"
 	touch $(DEMO_STAMP)
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
+	$(BIN)/python $(UNINSTALL_OLD)
 	$(BIN)/python -m pip install --quiet "torch==2.13.0" $(EDITABLE) ".[dev]"
 	touch $(DEMO_STAMP) $(STAMP)
 
 $(TD_STAMP): setup.py
 	$(PYTHON) -m venv $(TD_VENV)
 	$(TD_VENV)/bin/python -m pip install --quiet "torch==2.13.0"
+	$(TD_VENV)/bin/python $(UNINSTALL_OLD)
 	$(TD_VENV)/bin/python -m pip install --quiet "torch==2.13.0" $(EDITABLE) ".[dev-torchdata-nodes]"
 	touch $(TD_STAMP)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any, Generic, TypeVar
@@ -92,7 +93,13 @@ def _map_to_iter(datapipe: Any) -> Any:
 
 
 class DataLoader2Iterator(Iterator[T_co]):
-    """The iterator ``iter(DataLoader2)`` returns; only the newest one is valid."""
+    """The iterator ``iter(DataLoader2)`` returns; only the newest one is valid.
+
+    As in torchdata 0.9, ``limit(n)`` makes it stop (``StopIteration``, the epoch not ended)
+    after ``n`` more samples, ``resume()`` lets it go on, and other attributes are looked up on
+    the iterator of the reading service's graph. A snapshot taken while it is stopped restores
+    exactly; the restored loader is not paused and has no limit.
+    """
 
     def __init__(self, dataloader: DataLoader2[T_co], iterator_id: int):
         self.dataloader = dataloader
@@ -106,22 +113,50 @@ class DataLoader2Iterator(Iterator[T_co]):
         if self.iterator_id != loader.valid_iterator_id:
             raise RuntimeError(_INVALIDATED)
         loader._reset_iter = True
-        if loader._lookahead:
-            loader._yielded += 1
-            return loader._lookahead.popleft()
-        it = loader._datapipe_iter
-        if it is None:
+        if loader._paused:
             raise StopIteration
-        try:
-            item = next(it)
-        except StopIteration:
-            loader._end_epoch()
-            raise
-        except Exception:
-            loader.shutdown()
-            raise
+        if loader._lookahead:
+            item = loader._lookahead.popleft()
+        else:
+            it = loader._datapipe_iter
+            if it is None:
+                raise StopIteration
+            try:
+                item = next(it)
+            except StopIteration:
+                loader._end_epoch()
+                raise
+            except Exception:
+                loader.shutdown()
+                raise
         loader._yielded += 1
+        loader._count_towards_limit()
         return item
+
+    @property
+    def limit_threshold(self) -> int | None:
+        return self.dataloader._limit_threshold
+
+    @property
+    def limit_counter(self) -> int | None:
+        return self.dataloader._limit_counter
+
+    def limit(self, num_batches: int | None) -> None:
+        """Stop after ``num_batches`` more samples (counted from now; ``None`` removes the
+        limit). The limit stays after each stop: call :meth:`resume` to get the next ones."""
+        self.dataloader._limit(num_batches)
+
+    def resume(self) -> None:
+        """Continue after a stop caused by :meth:`limit` or ``DataLoader2._pause()``."""
+        self.dataloader._resume()
+
+    def __getattr__(self, name: str) -> Any:
+        # only called for names not found on the iterator itself: ask the graph's iterator
+        loader = self.__dict__.get("dataloader")
+        inner = loader._datapipe_iter if loader is not None else None
+        if inner is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(inner, name)
 
 
 class DataLoader2(Generic[T_co]):
@@ -195,6 +230,10 @@ class DataLoader2(Generic[T_co]):
         self._epoch_finished = False
         #: Samples computed ahead (for verification) and not yet yielded.
         self._lookahead: deque[Any] = deque()
+        # torchdata 0.9's pause and limit: iteration stops without ending the epoch.
+        self._paused = False
+        self._limit_threshold: int | None = None
+        self._limit_counter: int | None = None
 
     def _set_graph(self, datapipe: Any, *, adapt: bool) -> None:
         """Work on a private copy of ``datapipe``; keep its pickle for snapshots."""
@@ -285,6 +324,38 @@ class DataLoader2(Generic[T_co]):
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         self.shutdown()
+
+    # -- torchdata 0.9's pause / resume / limit ---------------------------------------------
+    # Private in 0.9 too; its tests and some users call them. Pausing changes nothing but the
+    # loader's willingness to yield: workers keep what they prefetched, so a snapshot taken
+    # while paused is as exact as any other.
+
+    def _pause(self) -> None:
+        """Make the current iterator stop (``StopIteration``) until :meth:`_resume`."""
+        self._paused = True
+        if self._limit_threshold is not None:
+            self._limit_counter = 0
+
+    def _resume(self) -> None:
+        if not self._paused:
+            warnings.warn("Resume is called when `DataLoader2` is not paused. No operation is performed.",
+                          stacklevel=2)
+            return
+        self._paused = False
+
+    def _limit(self, num_batches: int | None) -> None:
+        """Pause after ``num_batches`` more samples, then again after each ``num_batches``."""
+        if num_batches is not None and num_batches < 0:
+            raise ValueError(f"num_batches must be >= 0 or None, got {num_batches}")
+        self._limit_threshold = num_batches
+        self._limit_counter = 0
+
+    def _count_towards_limit(self) -> None:
+        if self._limit_threshold is None or self._limit_counter is None:
+            return
+        self._limit_counter += 1
+        if self._limit_counter >= self._limit_threshold:
+            self._pause()
 
     # -- snapshots ------------------------------------------------------------------------
 

@@ -16,6 +16,11 @@ matter, reduced to stable tokens (numbers and strings by value, functions by qua
 name, large collections by length and a sample, other objects by type). The graph's
 fingerprint covers every node and every edge.
 
+torchdata 0.9's graph utilities (``traverse_dps``, ``list_dps``, ``find_dps``,
+``replace_dp``, ``remove_dp``, ``set_datapipes_seed``, ``set_graph_random_seed``, ``DataPipe``)
+are importable from here too, so code written against ``torchdata.dataloader2.graph``
+migrates by changing the import.
+
 This module knows nothing of snapshots, files or reading services.
 """
 
@@ -32,7 +37,36 @@ from typing import Any
 
 from torch.utils.data import IterDataPipe, MapDataPipe
 
-__all__ = ["Graph", "Node", "NodeDiff", "ROOT", "compare_nodes", "describe_value", "type_name"]
+from snapshot._graph_utils import (
+    DataPipe,
+    DataPipeGraph,
+    find_dps,
+    list_dps,
+    remove_dp,
+    replace_dp,
+    set_datapipes_seed,
+    set_graph_random_seed,
+    traverse_dps,
+)
+
+__all__ = [
+    "ROOT",
+    "DataPipe",
+    "DataPipeGraph",
+    "Graph",
+    "Node",
+    "NodeDiff",
+    "compare_nodes",
+    "describe_value",
+    "find_dps",
+    "list_dps",
+    "remove_dp",
+    "replace_dp",
+    "set_datapipes_seed",
+    "set_graph_random_seed",
+    "traverse_dps",
+    "type_name",
+]
 
 ROOT = "0"
 #: Collections longer than this are not searched for input DataPipes.

@@ -124,13 +124,27 @@ class PhiloxEngine:
 
 
 class SeedGenerator:
-    """The loader's source of seeds: a shared stream and a shard stream."""
+    """The loader's source of seeds: a shared stream and a shard stream.
 
-    def __init__(self, seed: int, *, _engines: tuple[PhiloxEngine, PhiloxEngine] | None = None):
+    As torchdata 0.9's: ``SeedGenerator()`` (or ``seed=None``) draws its seed from torch's
+    global generator, ``seed()`` starts both streams again from a new seed, ``spawn(i)`` gives
+    the generator of worker or shard ``i`` (same shared stream, its own shard stream).
+    """
+
+    def __init__(self, seed: int | None = None, *,
+                 _engines: tuple[PhiloxEngine, PhiloxEngine] | None = None):
         if _engines is not None:
             self.shared, self.shard = _engines
         else:
-            self.shared, self.shard = PhiloxEngine(seed), PhiloxEngine(seed)
+            self.seed(seed)
+
+    def seed(self, seed: int | None = None) -> None:
+        """Restart both streams from ``seed`` (a uint64; ``None`` draws one from torch)."""
+        if seed is None:
+            seed = draw_seed()
+        if not 0 <= seed < UINT64_LIMIT:
+            raise ValueError(f"Expected an uint64 seed, but got {seed}.")
+        self.shared, self.shard = PhiloxEngine(seed), PhiloxEngine(seed)
 
     def generate_shared_seed(self) -> int:
         return self.shared.generate()
@@ -138,11 +152,17 @@ class SeedGenerator:
     def generate_seed(self) -> int:
         return self.shard.generate()
 
-    def spawn(self, index: int) -> SeedGenerator:
-        return SeedGenerator(0, _engines=(self.shared.clone(), self.shard.spawn(index)))
+    def spawn(self, worker_id: int, inplace: bool = False) -> SeedGenerator:
+        """The generator of worker (or shard) ``worker_id``; ``inplace=True`` turns this one into it."""
+        if worker_id < 0:
+            raise ValueError(f"Expected `worker_id` equal or larger than 0, but got {worker_id}.")
+        if inplace:
+            self.shard = self.shard.spawn(worker_id)
+            return self
+        return SeedGenerator(_engines=(self.shared.clone(), self.shard.spawn(worker_id)))
 
     def clone(self) -> SeedGenerator:
-        return SeedGenerator(0, _engines=(self.shared.clone(), self.shard.clone()))
+        return SeedGenerator(_engines=(self.shared.clone(), self.shard.clone()))
 
     def state(self) -> dict[str, Any]:
         return {"shared": self.shared.state(), "shard": self.shard.state()}
@@ -154,7 +174,7 @@ class SeedGenerator:
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> SeedGenerator:
-        return cls(0, _engines=(PhiloxEngine.from_state(state["shared"]),
+        return cls(_engines=(PhiloxEngine.from_state(state["shared"]),
                                 PhiloxEngine.from_state(state["shard"])))
 
 

@@ -17,6 +17,10 @@ fresh graph back at that point.
 
 A service's ``initialize`` and ``restore`` return the iterable that the loader iterates for
 the epoch.
+
+Only ``initialize`` is required, as in torchdata 0.9: a service written for 0.9 that implements
+nothing else runs as it did, and the first attempt to snapshot it raises a
+:class:`~snapshot.SnapshotError` that says what to implement.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from snapshot.errors import SnapshotError
 from snapshot.randomness import SeedGenerator
 
 __all__ = ["ReadingServiceInterface", "ServiceState"]
@@ -48,11 +53,11 @@ class ReadingServiceInterface(ABC):
     def initialize(self, datapipe: Any) -> Iterable[Any]:
         """Take the loader's graph (once, before the first epoch) and prepare to run it."""
 
-    @abstractmethod
     def initialize_iteration(
         self, seed_generator: SeedGenerator, iter_reset_fn: Callable[[Any], Any] | None = None
     ) -> Callable[[Any], Any] | None:
         """Start an epoch: draw this epoch's seeds from ``seed_generator`` and reset."""
+        return None
 
     def finalize_iteration(self) -> None:  # noqa: B027 - optional hook
         """The epoch's iterator is exhausted (or abandoned)."""
@@ -60,13 +65,20 @@ class ReadingServiceInterface(ABC):
     def finalize(self) -> None:  # noqa: B027 - optional hook
         """Release everything (worker processes, process groups). Must be idempotent."""
 
-    @abstractmethod
     def checkpoint(self) -> ServiceState:
         """The running epoch's exact state; ``{}`` before the first epoch."""
+        raise self._not_checkpointable("save a snapshot", "checkpoint")
 
-    @abstractmethod
     def restore(self, datapipe: Any, state: ServiceState, *, strategy: Any = "auto") -> Iterable[Any]:
         """Prepare ``datapipe`` and position it where ``state`` was taken."""
+        raise self._not_checkpointable("restore a snapshot", "restore")
+
+    def _not_checkpointable(self, action: str, method: str) -> SnapshotError:
+        name = type(self).__name__
+        return SnapshotError(
+            f"cannot {action} with the reading service {name}: it does not implement {method}(). "
+            f"Implement checkpoint() and restore() in {name} (see snapshot.ReadingServiceInterface), "
+            "or use one of snapshot's reading services, which all can.")
 
     def validate(self, state: ServiceState) -> list[str]:
         """Problems that would stop :meth:`restore` (checked before anything changes)."""

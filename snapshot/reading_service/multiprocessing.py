@@ -28,7 +28,7 @@ from typing import Any
 
 from snapshot import _serialization
 from snapshot._warnings import user_stacklevel
-from snapshot.errors import LayoutError, WorkerError
+from snapshot.errors import LayoutError, SnapshotError, WorkerError
 from snapshot.graph import Graph
 from snapshot.randomness import EpochSeeds
 from snapshot.reading_service import _transport as transport
@@ -189,8 +189,15 @@ class WorkerPool:
             self._receive(worker, what)
 
     def _error(self, error: dict[str, Any], worker: _Worker, where: str) -> BaseException:
-        node = f", by the DataPipe at {error['node']}" if error.get("node") else ""
-        place = f"in worker {worker.index} (pid {worker.process.pid}) {where}{node}"
+        """The worker's exception, raised again here with torch's and torchdata 0.9's text:
+        "Caught <Type> in worker process N" (or "in dispatching process" for the part above a
+        dispatcher), then our place and node path, then the original traceback."""
+        node = error.get("node")
+        dispatching = node is not None and node in self.topology.upstream and bool(self.topology.routers)
+        process = "in dispatching process" if dispatching else f"in worker process {worker.index}"
+        short = error["type"].rsplit(".", 1)[-1]
+        detail = f"pid {worker.process.pid}, {where}" + (f", by the DataPipe at {node}" if node else "")
+        message = f"Caught {short} {process} ({detail}).\nOriginal {error['traceback']}"
         exc: BaseException | None = None
         if error.get("pickled"):
             try:
@@ -198,14 +205,17 @@ class WorkerPool:
             except Exception:  # noqa: BLE001 - fall back to a description
                 exc = None
         if exc is None:
-            return WorkerError(f"{error['type']}: {error['message']} (raised {place}).\n"
-                               f"Worker traceback:\n{error['traceback']}")
-        note = f"raised {place}; worker traceback:\n{error['traceback']}"
-        if hasattr(exc, "add_note"):
-            exc.add_note(note)
-        elif exc.args and isinstance(exc.args[0], str):  # Python 3.10: no notes, extend the message
-            exc.args = (f"{exc.args[0]}\n{note}", *exc.args[1:])
-        return exc
+            return WorkerError(message)
+        try:  # the same type with the new message, as torch's ExceptionWrapper does
+            wrapped = type(exc)(message)
+        except Exception:  # noqa: BLE001 - a constructor that wants other arguments
+            wrapped = None
+        if wrapped is None or str(wrapped) != message:
+            if hasattr(exc, "add_note"):
+                exc.add_note(message)
+            return exc
+        wrapped.__dict__.update(vars(exc))
+        return wrapped
 
     # -- epochs -----------------------------------------------------------------------------
 
@@ -292,10 +302,10 @@ class MultiProcessingReadingService(ShardedService):
     """Load with ``num_workers`` processes; exact snapshots; restore onto any worker count <= L.
 
     Compared with torchdata 0.9's service of the same name: the arguments after
-    ``num_workers`` are keyword-only; ``worker_reset_fn`` is not accepted (seeds per logical
-    shard replace it); and since samples are dealt to logical shards, not to workers, the
-    stream of a graph with random pipes below the sharding point differs from torchdata's
-    (it is instead the same for any number of workers).
+    ``num_workers`` are keyword-only; ``worker_reset_fn`` is refused (see below); and since
+    samples are dealt to logical shards, not to workers, the stream of a graph with random
+    pipes below the sharding point differs from torchdata's (it is instead the same for any
+    number of workers).
 
     Args:
         num_workers: worker processes (0 runs in the main process, like
@@ -312,9 +322,16 @@ class MultiProcessingReadingService(ShardedService):
         timeout: seconds to wait for a worker before raising :class:`~snapshot.WorkerError`.
         global_rng: see :class:`~snapshot.GlobalRNG` (default: each logical shard has its own
             ``random``/``numpy``/``torch`` generator states, saved in snapshots).
-        worker_prefetch_cnt: torchdata 0.9's name for ``prefetch_factor``.
+        worker_prefetch_cnt: torchdata 0.9's name for ``prefetch_factor`` (also an attribute).
         main_prefetch_cnt: torchdata 0.9's main-process prefetch; not needed (samples queue in
-            the pipes) and ignored with a warning.
+            the pipes), kept as an attribute and ignored, with a warning when above 0.
+        worker_reset_fn: torchdata 0.9's per-epoch hook ``fn(datapipe, worker_info,
+            seed_generator)``; refused with a :class:`~snapshot.SnapshotError`. It reseeds or
+            rebuilds each worker's graph outside the engine, per *worker*, so the stream would
+            depend on the number of workers and a snapshot could not reproduce it. The loader
+            already reseeds every random pipe each epoch from ``DataLoader2.seed()``; call
+            ``seed(s)`` before each epoch to repeat an order, and use ``worker_init_fn`` for
+            per-worker set-up.
     """
 
     def __init__(
@@ -329,7 +346,15 @@ class MultiProcessingReadingService(ShardedService):
         global_rng: GlobalRNG | str = GlobalRNG.ISOLATE,
         worker_prefetch_cnt: int | None = None,
         main_prefetch_cnt: int | None = None,
+        worker_reset_fn: Callable[[Any, WorkerInfo, Any], Any] | None = None,
     ) -> None:
+        if worker_reset_fn is not None:
+            raise SnapshotError(
+                "MultiProcessingReadingService(worker_reset_fn=...) is not supported: it would reseed or "
+                "rebuild each worker's graph behind the engine's back, per worker, so the stream would "
+                "depend on num_workers and snapshots could not reproduce it. Every random pipe is already "
+                "reseeded each epoch from DataLoader2.seed() (call dl.seed(s) before an epoch to repeat its "
+                "order); use worker_init_fn=fn(datapipe, worker_info) for per-worker set-up.")
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         if multiprocessing_context is not None and multiprocessing_context not in mp.get_all_start_methods():
@@ -337,16 +362,22 @@ class MultiProcessingReadingService(ShardedService):
                              f"got {multiprocessing_context!r}")
         if timeout <= 0:
             raise ValueError("timeout must be > 0 seconds: every wait for a worker has a limit")
-        if main_prefetch_cnt is not None:
+        if main_prefetch_cnt:
             warnings.warn("main_prefetch_cnt is ignored: samples already queue between the workers and "
                           "the main process", stacklevel=2)
         super().__init__(logical_shards=logical_shards, global_rng=global_rng)
         self.num_workers = num_workers
         self.prefetch_factor = worker_prefetch_cnt if worker_prefetch_cnt is not None else prefetch_factor
+        self.main_prefetch_cnt = main_prefetch_cnt or 0
         self.multiprocessing_context = multiprocessing_context
         self.worker_init_fn = worker_init_fn
         self.timeout = timeout
         self._running = 0
+
+    @property
+    def worker_prefetch_cnt(self) -> int:
+        """torchdata 0.9's name for :attr:`prefetch_factor`."""
+        return self.prefetch_factor
 
     @property
     def workers(self) -> int:

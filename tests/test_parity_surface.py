@@ -81,6 +81,15 @@ def shape(datapipe: Any) -> list[Any]:
     return walk(traverse_dps(datapipe))
 
 
+def test_snapshot_graph_has_every_name_of_torchdata_0_9_graph_module() -> None:
+    import snapshot.graph
+
+    names = {"DataPipe", "DataPipeGraph", "find_dps", "list_dps", "remove_dp", "replace_dp",
+             "set_datapipes_seed", "set_graph_random_seed", "traverse_dps"}
+    assert names <= set(snapshot.graph.__all__)
+    assert all(hasattr(snapshot.graph, name) for name in names)
+
+
 def test_list_dps_is_breadth_first_and_excludes_whole_branches() -> None:
     d = diamond()
     graph = traverse_dps(d["sink"])

@@ -406,3 +406,16 @@ def test_an_exception_that_cannot_take_one_message_keeps_its_args_and_gets_a_not
     notes = "\n".join(getattr(info.value, "__notes__", []))
     assert "Caught NeedsTwo in worker process 0" in notes and "Original Traceback" in notes
 
+
+
+def test_forkserver_workers_survive_a_pause_longer_than_their_poll() -> None:
+    """A worker started by the fork server has the server as its parent: it must keep serving
+    (it once took the server for a dead loader and left after a second without requests)."""
+    import time
+
+    graph = ShardingFilter(IterableWrapper(range(12)))
+    with snapshot.DataLoader2(graph, reading_service=Workers(2, multiprocessing_context="forkserver")) as loader:
+        it = iter(loader)
+        head = [next(it) for _ in range(3)]
+        time.sleep(2.5)  # idle: no requests reach the workers
+        assert head + list(it) == list(range(12))

@@ -49,6 +49,23 @@ def describe_error(exc: BaseException) -> dict[str, Any]:
     }
 
 
+def _alive(pid: int) -> bool:
+    """Whether the loader's process still runs. Its own child (``fork``, ``spawn``) just checks
+    its parent; under ``forkserver`` the parent is the fork server, so the loader's pid is
+    looked up, and a zombie (killed, not yet reaped) counts as gone."""
+    if os.getppid() == pid:
+        return True
+    try:
+        os.kill(pid, 0)
+    except OSError:  # no such process, or the pid now belongs to someone else
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return True  # no /proc: the pid exists
+
+
 def _next_message(pending: deque[tuple[Any, ...]]) -> tuple[Any, ...]:
     """The next request to handle: a ``capture`` goes before the ``next`` requests queued ahead
     of it (so a snapshot waits for one sample at most), never before anything else."""
@@ -96,7 +113,7 @@ def _serve(requests: Connection, sender: transport.Sender, setup: bytes, parent:
     pending: deque[tuple[Any, ...]] = deque()
     while True:
         if not pending and not requests.poll(1.0):
-            if os.getppid() != parent:  # the main process is gone
+            if not _alive(parent):  # the main process is gone
                 return
             continue
         try:

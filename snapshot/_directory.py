@@ -19,21 +19,16 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
 from typing import Any
 
-from snapshot import format
+from snapshot import format, schema
 from snapshot.errors import CorruptSnapshotError, SnapshotFileError
 
 __all__ = ["MANIFEST", "commit", "is_directory_snapshot", "part_name", "read_parts", "staging"]
 
 MANIFEST = format.DIRECTORY_MANIFEST
-_PART_NAME = re.compile(r"rank-\d{5}\.snap")
-
-
-def part_name(rank: int) -> str:
-    return f"rank-{rank:05d}.snap"
+part_name = schema.part_name
 
 
 def staging(dest: str, token: str) -> str:
@@ -70,33 +65,54 @@ def is_directory_snapshot(src: Any) -> bool:
     return isinstance(src, (str, os.PathLike)) and os.path.isdir(src)
 
 
-def read_parts(src: str, *, key: bytes | str | None = None) -> tuple[dict[str, Any], list[format.Container]]:
-    """The global manifest and every rank's part, each verified against the manifest."""
+def read_parts(src: str, *, key: bytes | str | None = None) -> tuple[format.Container, list[format.Container]]:
+    """The index (the global manifest) and every rank's part, each verified against the index.
+
+    Every way a directory can be wrong is a :class:`SnapshotFileError` naming the file: no
+    index, an index that is not one (or is malformed: a ``ManifestError``), a part that is
+    missing, is a directory, or does not match the digest, size or rank the index records.
+    """
     root = os.fspath(src)
     path = os.path.join(root, MANIFEST)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         raise SnapshotFileError(
             f"is a directory without {MANIFEST}: not a complete distributed snapshot (a save that "
-            "was interrupted writes elsewhere, so this is not one of ours)", source=root)
-    manifest = format.read_container(path, key=key).manifest
+            "was interrupted writes elsewhere, so this is not one of ours). Pass a snapshot file, or "
+            "a directory written by save_snapshot() in a distributed run", source=root)
+    if os.path.isdir(path):
+        raise SnapshotFileError(f"{MANIFEST} is a directory where the snapshot's index file should be",
+                                source=root)
+    index = format.read_container(path, key=key)
+    if not index.info.is_index:
+        raise CorruptSnapshotError(
+            f"{MANIFEST} lists no parts: it is not the index of a distributed snapshot", source=path)
     parts = []
-    for entry in manifest.get("parts", []):
-        name = entry.get("file") if isinstance(entry, dict) else None
-        if not isinstance(name, str) or not _PART_NAME.fullmatch(name):
-            raise CorruptSnapshotError(
-                f"the manifest lists a part named {name!r}, which is not a part file name "
-                "(rank-NNNNN.snap): refusing to read outside the snapshot directory", source=path)
-        part_path = os.path.join(root, name)
+    for entry in index.info.parts:
+        part_path = os.path.join(root, entry.file)
         try:
             with open(part_path, "rb") as f:
                 data = f.read()
         except FileNotFoundError as exc:
-            raise SnapshotFileError(f"the manifest lists {entry['file']}, which is missing", source=root) from exc
-        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise SnapshotFileError(
+                f"the index lists {entry.file} (rank {entry.rank}), which is missing: the directory is "
+                "incomplete; use another snapshot", source=root) from exc
+        except IsADirectoryError as exc:
+            raise SnapshotFileError(f"{entry.file} is a directory where rank {entry.rank}'s part file should be",
+                                    source=root) from exc
+        except OSError as exc:
+            raise SnapshotFileError(f"cannot read {entry.file}: {exc.strerror or exc}", source=root) from exc
+        if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
             raise CorruptSnapshotError(
-                f"{entry['file']} does not match the digest the manifest recorded for it: the directory "
-                "mixes parts of different saves, or a part was altered", source=root)
-        parts.append(format.unpack(data, source=part_path, key=key))
-    if not parts:
-        raise CorruptSnapshotError("the manifest lists no parts", source=path)
-    return manifest, parts
+                f"{entry.file} ({len(data)} bytes) is not the part the index records ({entry.size} bytes, "
+                f"sha256 {entry.sha256[:16]}...): the directory mixes parts of different saves, or a part "
+                "was altered. Use another snapshot", source=root)
+        part = format.unpack(data, source=part_path, key=key)
+        if part.info.is_index:
+            raise CorruptSnapshotError(f"{entry.file} is an index, not a rank's part", source=root)
+        rank = part.info.service.rank
+        if rank is not None and rank != entry.rank:
+            raise CorruptSnapshotError(
+                f"{entry.file} holds rank {rank}'s part, where the index expects rank {entry.rank}'s",
+                source=root)
+        parts.append(part)
+    return index, parts

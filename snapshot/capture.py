@@ -9,6 +9,7 @@ buffered samples), and optionally the pickled graph and reading-service configur
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
 import hashlib
@@ -22,9 +23,9 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from snapshot import _directory, _progress, _serialization, format
+from snapshot import _directory, _progress, _serialization, format, schema
 from snapshot._version import __version__
-from snapshot.errors import CorruptSnapshotError, SnapshotFileError
+from snapshot.errors import CorruptSnapshotError, ManifestError, SnapshotFileError
 
 __all__ = ["LoaderState", "Snapshot", "capture", "distributed_manifest", "load", "merge_parts", "part_info",
            "parts_state_dict", "save"]
@@ -127,46 +128,47 @@ def decode_nodes(service: Mapping[str, Any]) -> dict[str, Any]:
         state, what=f"state of the DataPipe at {path}") if isinstance(state, bytes) else state)
 
 
-def _node_manifest(records: Mapping[str, Any], replayed: set[str]) -> dict[str, Any]:
+def _node_positions(records: Mapping[str, Any], replayed: set[str]) -> dict[str, schema.NodePosition]:
     nodes = {}
     for path, record in records.items():
         state = record.get("state")
-        nodes[path] = {
-            "yielded": record.get("yielded"),
-            "state_bytes": len(state) if isinstance(state, bytes) else None,
-            "buffered": record.get("buffered", 0),
-            "restore": "replay" if path in replayed else "state",
-        }
+        nodes[path] = schema.NodePosition(
+            yielded=record.get("yielded"),
+            state_bytes=len(state) if isinstance(state, bytes) else None,
+            buffered=record.get("buffered", 0),
+            restore="replay" if path in replayed else "state",
+        )
     return nodes
 
 
-def _shard_manifest(shard: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def _shard_position(shard: Mapping[str, Any] | None) -> schema.ShardPosition | None:
     if shard is None:
         return None  # run elsewhere (another rank)
     plan = shard.get("plan", {})
     replayed = set(plan.get("replayed_nodes", []))
-    return {
-        "yielded": shard.get("yielded", 0),
-        "produced": shard.get("produced"),
-        "exhausted": bool(shard.get("finished", shard.get("exhausted", False))),
-        "in_flight": len(shard.get("in_flight", [])),
-        "plan": {"drivers": plan.get("drivers", []), "reasons": plan.get("reasons", {})},
-        "nodes": _node_manifest(shard.get("nodes", {}), replayed),
-    }
+    return schema.ShardPosition(
+        yielded=shard.get("yielded", 0),
+        produced=shard.get("produced"),
+        exhausted=schema.shard_exhausted(shard),
+        in_flight=len(shard.get("in_flight", [])),
+        plan=schema.PlanSummary(tuple(schema.Driver(d["path"], d["replay"]) for d in plan.get("drivers", [])),
+                                dict(plan.get("reasons", {}))),
+        nodes=_node_positions(shard.get("nodes", {}), replayed),
+    )
 
 
-def _upstream_manifest(upstream: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "shards": list(upstream.get("shards", [])),
-        "routers": {path: {"position": r["position"], "ended": r["ended"],
-                           "queued": {str(s): len(q) for s, q in r["queues"].items()}}
-                    for path, r in upstream.get("routers", {}).items()},
-        "nodes": _node_manifest(upstream.get("nodes", {}), set()),
-    }
+def _upstream_position(upstream: Mapping[str, Any]) -> schema.UpstreamPosition:
+    return schema.UpstreamPosition(
+        shards=tuple(upstream.get("shards", [])),
+        routers={path: schema.RouterPosition(r["position"], r["ended"],
+                                             {str(s): len(q) for s, q in r["queues"].items()})
+                 for path, r in upstream.get("routers", {}).items()},
+        nodes=_node_positions(upstream.get("nodes", {}), set()),
+    )
 
 
 def _manifest(source: LoaderState, service: Mapping[str, Any], payload: bytes,
-              parts: dict[str, int]) -> dict[str, Any]:
+              parts: dict[str, int]) -> schema.Manifest:
     seeds = service.get("seeds", {})
     node_seeds: dict[str, str] = {}
     for path, seed in seeds.get("shared", {}).items():
@@ -175,32 +177,24 @@ def _manifest(source: LoaderState, service: Mapping[str, Any], payload: bytes,
         for path, seed in shard_seeds.items():
             key = path if len(seeds["shards"]) == 1 else f"{path}@shard{shard_index}"
             node_seeds[key] = _fingerprint(seed)
-    return {
-        format.FORMAT: format.FORMAT_VERSION,
-        format.CREATED: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds"),
-        format.VERSIONS: _versions(),
-        "loader": {
-            "epoch": source.epoch,
-            "yielded": source.yielded,
-            "epoch_finished": source.epoch_finished,
-            "lookahead": len(source.lookahead),
-        },
-        "randomness": {
-            "seed": source.seed,
-            "seed_source": "user" if source.seed_given else ("drawn" if source.seed is not None else None),
-            "node_seeds": node_seeds,
-        },
-        "graph": {
-            "fingerprint": source.graph_fingerprint,
-            "included": source.graph_bytes is not None,
-            "nodes": source.graph_nodes,
-        },
-        "service": {"name": source.service_name, **service.get("layout", {})},
-        "shards": [_shard_manifest(s) for s in service.get("shards", [])],
-        "upstream": [_upstream_manifest(u) for u in service.get("upstream", [])],
-        "verify": source.verify,
-        format.PAYLOAD: {**format.payload_record(payload), "parts": parts},
-    }
+    verify = source.verify
+    return schema.Manifest(
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds"),
+        versions=_versions(),
+        loader=schema.LoaderPosition(source.epoch, source.yielded, source.epoch_finished, len(source.lookahead)),
+        randomness=schema.Randomness(
+            seed=source.seed,
+            seed_source="user" if source.seed_given else ("drawn" if source.seed is not None else None),
+            node_seeds=node_seeds),
+        graph=schema.GraphDesc(source.graph_fingerprint, source.graph_bytes is not None,
+                               tuple(schema.NodeDesc.from_dict(n) for n in source.graph_nodes)),
+        service=schema.ServiceLayout.from_dict({"name": source.service_name, **service.get("layout", {})}),
+        shards=tuple(_shard_position(s) for s in service.get("shards", [])),
+        upstream=tuple(_upstream_position(u) for u in service.get("upstream", [])),
+        verify=None if verify is None else schema.VerifyRecord(verify["count"], tuple(verify["fingerprints"]),
+                                                                verify["ends"]),
+        payload=schema.PayloadRecord(**format.payload_record(payload), parts=parts),
+    )
 
 
 class Snapshot:
@@ -210,10 +204,17 @@ class Snapshot:
     snapshot whose ``parts`` are the ranks' own snapshots.
     """
 
-    def __init__(self, manifest: dict[str, Any], state: dict[str, Any],
+    def __init__(self, manifest: dict[str, Any] | schema.Manifest, state: dict[str, Any],
                  graph: bytes | None, service: bytes | None, payload: bytes,
                  parts: list[Snapshot] | None = None):
-        self.manifest = manifest
+        if isinstance(manifest, schema.Manifest):
+            #: The manifest, typed (see :mod:`snapshot.schema`).
+            self.info = manifest
+            #: The manifest as JSON-able dicts, as written in the file.
+            self.manifest = manifest.to_dict()
+        else:
+            self.info = schema.Manifest.from_dict(manifest)
+            self.manifest = manifest
         self.state = state
         self.graph = graph
         self.service = service
@@ -223,20 +224,20 @@ class Snapshot:
     @property
     def epoch(self) -> int:
         """The epoch the snapshot was taken in (``-1`` before the first)."""
-        return int(self.manifest["loader"]["epoch"])
+        return self.info.loader.epoch
 
     @property
     def yielded(self) -> int:
         """Samples the loader had yielded in that epoch."""
-        return int(self.manifest["loader"]["yielded"])
+        return self.info.loader.yielded
 
     @property
     def seed(self) -> int | None:
-        return self.manifest["randomness"]["seed"]
+        return self.info.randomness.seed
 
     def __repr__(self) -> str:
         return (f"Snapshot(epoch={self.epoch}, yielded={self.yielded}, "
-                f"nodes={len(self.manifest['graph']['nodes'])}, "
+                f"nodes={len(self.info.graph.nodes)}, "
                 f"graph={'included' if self.graph is not None else 'not included'})")
 
     @property
@@ -262,11 +263,24 @@ class Snapshot:
 
     @classmethod
     def from_container(cls, container: format.Container, *, source: str) -> Snapshot:
+        """The snapshot in a verified container; its state is checked against the schema."""
         assert container.payload is not None
+        if container.info.is_index:
+            raise SnapshotFileError(
+                "this is the index of a distributed snapshot (its manifest.snap): pass the directory that "
+                "holds it and the ranks' parts", source=source)
         body = _serialization.loads(container.payload, what=f"snapshot payload of {source}")
         if not isinstance(body, dict) or "state" not in body:
             raise CorruptSnapshotError("the payload does not hold a snapshot state", source=source)
-        return cls(container.manifest, body["state"], body.get("graph"), body.get("service"),
+        for part in ("graph", "service"):
+            if not isinstance(body.get(part), (bytes, type(None))):
+                raise ManifestError(f"payload.{part}", "pickled bytes or None",
+                                           type(body[part]).__name__, source=source)
+        try:
+            schema.SavedState.from_dict(body["state"])
+        except ManifestError as exc:
+            raise exc.at(source) from None
+        return cls(container.info, body["state"], body.get("graph"), body.get("service"),
                    container.payload)
 
 
@@ -295,6 +309,9 @@ def capture(loader: Any, *, include_graph: bool = True, verify: int = 0) -> Snap
 
 def save(snap: Snapshot, dest: format.PathOrFile, *, key: bytes | str | None = None) -> None:
     """Write ``snap`` to ``dest`` atomically (a path) or to a binary file object."""
+    if not isinstance(snap, Snapshot):
+        raise TypeError(f"snapshot.save() takes a Snapshot (from capture() or save_snapshot()) as its first "
+                        f"argument, not a {type(snap).__name__}")
     start = time.perf_counter()
     data = snap.to_bytes(key=key)
     name = os.fspath(dest) if isinstance(dest, (str, os.PathLike)) else getattr(dest, "name", "<file object>")
@@ -307,39 +324,38 @@ def save(snap: Snapshot, dest: format.PathOrFile, *, key: bytes | str | None = N
 
 def part_info(rank: int, manifest: dict[str, Any], data: bytes) -> dict[str, Any]:
     """What the distributed manifest records of one rank's part."""
-    return {"rank": rank, "file": f"rank-{rank:05d}.snap", "sha256": hashlib.sha256(data).hexdigest(),
+    return {"rank": rank, "file": schema.part_name(rank), "sha256": hashlib.sha256(data).hexdigest(),
             "size": len(data), "manifest": manifest}
 
 
 def distributed_manifest(infos: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The manifest of a distributed snapshot: rank 0's, with every rank's shards and its parts."""
-    first = dict(infos[0]["manifest"])
-    shards: list[Any] = []
-    upstream: list[Any] = []
-    ranks = []
-    for info in infos:
-        manifest = info["manifest"]
-        for index, shard in enumerate(manifest.get("shards", [])):
+    """The index of a distributed snapshot: rank 0's manifest, with every rank's shards and its parts."""
+    manifests = [schema.Manifest.from_dict(info["manifest"], source=f"rank {info['rank']}") for info in infos]
+    first = manifests[0]
+    shards: list[schema.ShardPosition | None] = []
+    owners: dict[str, schema.Owner] = {}
+    for info, manifest in zip(infos, manifests):
+        for index, shard in enumerate(manifest.shards):
             while len(shards) <= index:
                 shards.append(None)
             if shard is not None:
                 shards[index] = shard
-        upstream.extend(manifest.get("upstream", []))
-        ranks.append({"rank": info["rank"], **manifest["loader"]})
-    first.update(shards=shards, upstream=upstream, ranks=ranks,
-                 parts=[{k: i[k] for k in ("rank", "file", "sha256", "size")} for i in infos])
-    owners: dict[str, Any] = {}
-    for info in infos:
-        for shard, worker in info["manifest"].get("service", {}).get("owners", {}).items():
-            owners[shard] = {"rank": info["rank"], "worker": worker}
-    service = {k: v for k, v in first.get("service", {}).items() if k != "rank"}
-    first["service"] = {**service, "ranks": len(infos), "owners": owners}
-    loaders = [info["manifest"]["loader"] for info in infos]
-    first["loader"] = {"epoch": loaders[0]["epoch"], "yielded": sum(int(x["yielded"]) for x in loaders),
-                       "epoch_finished": all(x["epoch_finished"] for x in loaders),
-                       "lookahead": sum(int(x.get("lookahead", 0)) for x in loaders)}
-    first.pop(format.PAYLOAD, None)
-    return first
+        for shard_key, owner in manifest.service.owners.items():
+            owners[shard_key] = schema.Owner(worker=owner.worker, rank=int(info["rank"]))
+    loaders = [m.loader for m in manifests]
+    combined = dataclasses.replace(
+        first,
+        loader=schema.LoaderPosition(epoch=loaders[0].epoch, yielded=sum(x.yielded for x in loaders),
+                                     epoch_finished=all(x.epoch_finished for x in loaders),
+                                     lookahead=sum(x.lookahead for x in loaders)),
+        service=dataclasses.replace(first.service, rank=None, ranks=len(infos), owners=owners),
+        shards=tuple(shards),
+        upstream=tuple(u for m in manifests for u in m.upstream),
+        ranks=tuple(schema.RankPosition(int(info["rank"]), m.loader) for info, m in zip(infos, manifests)),
+        parts=tuple(schema.PartRecord(int(i["rank"]), i["file"], i["sha256"], int(i["size"])) for i in infos),
+        payload=None,
+    )
+    return combined.to_dict()
 
 
 def parts_state_dict(infos: Sequence[Mapping[str, Any]], parts: list[bytes], *,
@@ -374,24 +390,38 @@ def merge_parts(manifest: dict[str, Any], parts: list[Snapshot]) -> Snapshot:
     return Snapshot(manifest, state, first.graph, first.service, b"", parts=parts)
 
 
+_LOADABLE = ("a path (str or os.PathLike) to a snapshot file or a distributed snapshot's directory, a binary "
+             "file object, bytes, a state dict or a Snapshot")
+
+
 def load(src: Any, *, key: bytes | str | None = None) -> Snapshot:
     """Read and verify a snapshot (path, directory, binary file, bytes or state dict); then unpickle it.
 
     With ``key`` (or ``$SNAPSHOT_KEY``) an unsigned or tampered file is refused before
     anything is unpickled. A distributed snapshot (a directory, or a state dict of parts)
-    loads as one snapshot of all ranks.
+    loads as one snapshot of all ranks. Anything else is a :class:`TypeError`.
     """
     if isinstance(src, Snapshot):
         return src
+    if key is not None and not isinstance(key, (bytes, str)):
+        raise TypeError(f"key must be bytes or str, not {type(key).__name__}")
+    if not isinstance(src, (str, os.PathLike, bytes, bytearray, memoryview, Mapping)) \
+            and not callable(getattr(src, "read", None)):
+        raise TypeError(f"snapshot.load() reads {_LOADABLE}; got a {type(src).__name__}")
     if _directory.is_directory_snapshot(src):
-        manifest, containers = _directory.read_parts(src, key=key)
-        return merge_parts(manifest, [Snapshot.from_container(c, source=str(src)) for c in containers])
+        index, containers = _directory.read_parts(src, key=key)
+        return merge_parts(index.manifest, [Snapshot.from_container(c, source=str(src)) for c in containers])
     if isinstance(src, Mapping):
         container = format.from_state_dict(src, key=key)
         source = "<state_dict>"
-        if "parts" in container.manifest:
+        if container.info.is_index:
             assert container.payload is not None
-            parts = [load(part, key=key) for part in format.split_parts(container.payload)]
+            blobs = format.split_parts(container.payload)
+            if len(blobs) != len(container.info.parts):
+                raise CorruptSnapshotError(
+                    f"the state dict's index lists {len(container.info.parts)} parts but its payload holds "
+                    f"{len(blobs)}", source=source)
+            parts = [load(part, key=key) for part in blobs]
             return merge_parts(container.manifest, parts)
     elif isinstance(src, (bytes, bytearray, memoryview)):
         container = format.unpack(bytes(src), source="<bytes>", key=key)

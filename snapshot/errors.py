@@ -12,6 +12,7 @@ reaches the caller: it is wrapped in one of these, with the original as ``__caus
     │   ├── EmptySnapshotError         a zero-length file
     │   ├── TruncatedSnapshotError     the file ends before its declared size
     │   ├── CorruptSnapshotError       a checksum does not match, or a part does not decode
+    │   │   └── ManifestError          a field of the manifest (or saved state) is missing or wrong
     │   ├── ForeignFileError           not a snapshot at all (a torch checkpoint, a pickle, ...)
     │   ├── VersionSkewError           written by a format this version cannot read
     │   └── SignatureError             unsigned, wrongly signed or tampered (with a key)
@@ -37,6 +38,7 @@ __all__ = [
     "ForeignFileError",
     "GraphMismatchError",
     "LayoutError",
+    "ManifestError",
     "PositionError",
     "RankError",
     "RestoreError",
@@ -86,6 +88,26 @@ class TruncatedSnapshotError(SnapshotFileError):
 
 class CorruptSnapshotError(SnapshotFileError):
     """A checksum does not match, or a part of the file does not decode."""
+
+
+class ManifestError(CorruptSnapshotError):
+    """A manifest (or a saved state) whose structure is wrong, though its checksum may match.
+
+    ``field`` is the path of the offending field (``graph.nodes[3].path``), ``expected`` what
+    it should hold and ``got`` (a short repr) what it holds. It was written by another tool or
+    version, by a bug, or edited: checksums prove only that it was not damaged since.
+    """
+
+    def __init__(self, field: str, expected: str, got: str, *, source: str | None = None):
+        super().__init__(f"{field or 'the manifest'}: expected {expected}, got {got}; the manifest was not "
+                         "written this way by snapshot (another tool or version, or an edit)", source=source)
+        self.field = field
+        self.expected = expected
+        self.got = got
+
+    def at(self, source: str) -> ManifestError:
+        """The same error, naming the file it was found in."""
+        return ManifestError(self.field, self.expected, self.got, source=source)
 
 
 class ForeignFileError(SnapshotFileError):

@@ -37,21 +37,23 @@ import hmac
 import io
 import json
 import os
+import re
+import secrets
+import socket
 import struct
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any, Union
 
-from snapshot._version import DISTRIBUTION, __version__
+from snapshot import schema
 from snapshot.errors import (
     CorruptSnapshotError,
     EmptySnapshotError,
     ForeignFileError,
+    ManifestError,
     SignatureError,
     SnapshotFileError,
     TruncatedSnapshotError,
-    VersionSkewError,
 )
 
 __all__ = [
@@ -61,6 +63,8 @@ __all__ = [
     "Container",
     "PathOrFile",
     "atomic_write",
+    "remove_stale_temporaries",
+    "temp_name",
     "dumps_manifest",
     "from_state_dict",
     "join_parts",
@@ -77,7 +81,7 @@ __all__ = [
 PathOrFile = Union[str, "os.PathLike[str]", IO[bytes]]
 
 #: Version of the container and of the manifest schema this code writes and reads.
-FORMAT_VERSION = 1
+FORMAT_VERSION = schema.FORMAT_VERSION
 MAGIC = b"\x89snapshot\r\n\x1a\n"
 #: Environment variable holding a signing key (used when no key is passed explicitly).
 KEY_ENV = "SNAPSHOT_KEY"
@@ -130,12 +134,13 @@ def pack(manifest: Mapping[str, Any], payload: bytes, *, key: bytes | str | None
 
 @dataclass(frozen=True)
 class Container:
-    """A parsed snapshot file."""
+    """A parsed snapshot file: its manifest as JSON (``manifest``) and validated (``info``)."""
 
     manifest: dict[str, Any]
     payload: bytes | None
     signed: bool
     size: int
+    info: schema.Manifest
 
 
 def _describe_foreign(head: bytes) -> str:
@@ -177,8 +182,7 @@ def _check_header(head: bytes, total: int, source: str) -> tuple[int, int, int, 
             source=source, offset=total,
         )
     version, flags, mlen, plen, mdigest, pdigest = _HEADER.unpack_from(head, len(MAGIC))
-    if version != FORMAT_VERSION:
-        _version_skew(version, source)
+    schema.check_format(version, source)
     if flags & ~_FLAG_SIGNED:
         raise CorruptSnapshotError(
             f"unknown header flags 0x{flags:04x}; the header is damaged",
@@ -205,22 +209,8 @@ def _check_header(head: bytes, total: int, source: str) -> tuple[int, int, int, 
     return flags, mlen, plen, mdigest, pdigest
 
 
-def _version_skew(version: int, source: str) -> None:
-    if version > FORMAT_VERSION:
-        raise VersionSkewError(
-            f"written in snapshot format {version}, but this installation (snapshot "
-            f"{__version__}) reads format {FORMAT_VERSION} only. Upgrade with "
-            f"`pip install -U {DISTRIBUTION}` on this machine.",
-            source=source,
-        )
-    raise VersionSkewError(
-        f"written in snapshot format {version}, which this installation (snapshot "
-        f"{__version__}, format {FORMAT_VERSION}) does not read.",
-        source=source,
-    )
-
-
-def _parse_manifest(data: bytes, source: str) -> dict[str, Any]:
+def _parse_json(data: bytes, source: str) -> dict[str, Any]:
+    """The manifest's JSON object, whose format version this installation reads."""
     try:
         manifest = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
@@ -232,14 +222,29 @@ def _parse_manifest(data: bytes, source: str) -> dict[str, Any]:
             "the manifest's JSON is nested too deeply to be a snapshot manifest",
             source=source, offset=_PREFIX,
         ) from exc
-    version = manifest.get(FORMAT) if isinstance(manifest, dict) else None
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise CorruptSnapshotError(
-            "the manifest has no integer 'format' field", source=source, offset=_PREFIX,
-        )
-    if manifest[FORMAT] != FORMAT_VERSION:
-        _version_skew(manifest[FORMAT], source)
+    if not isinstance(manifest, dict):
+        raise ManifestError("", "a JSON object", type(manifest).__name__, source=source)
+    if FORMAT not in manifest:
+        raise ManifestError("format", "the format version, an int (the field is missing)", "nothing",
+                            source=source)
+    schema.check_format(manifest[FORMAT], source)
     return manifest
+
+
+def _validate(manifest: dict[str, Any], source: str) -> schema.Manifest:
+    """``manifest`` decoded into the schema's types (or a :class:`ManifestError` naming the field)."""
+    try:
+        return schema.Manifest.from_dict(manifest, source=source)
+    except RecursionError as exc:
+        raise CorruptSnapshotError(
+            "the manifest is nested too deeply to be a snapshot manifest", source=source, offset=_PREFIX,
+        ) from exc
+
+
+def _parse_manifest(data: bytes, source: str) -> tuple[dict[str, Any], schema.Manifest]:
+    """The manifest's JSON, and the same validated into the schema's types."""
+    manifest = _parse_json(data, source)
+    return manifest, _validate(manifest, source)
 
 
 def _source_name(src: PathOrFile) -> str:
@@ -248,24 +253,53 @@ def _source_name(src: PathOrFile) -> str:
     return str(getattr(src, "name", "<stream>"))
 
 
+_ACCEPTED = "a path (str or os.PathLike), a binary file object open for reading, or bytes"
+
+
+def _check_readable(src: Any) -> None:
+    """A :class:`TypeError` saying what is accepted, for anything else."""
+    if isinstance(src, (bytes, bytearray, memoryview)):
+        return
+    if isinstance(src, (str, os.PathLike)):
+        if isinstance(os.fspath(src), bytes):
+            raise TypeError("a snapshot path must be a str or an os.PathLike of str, not bytes")
+        return
+    if not callable(getattr(src, "read", None)):
+        raise TypeError(f"a snapshot is read from {_ACCEPTED}, not from a {type(src).__name__}")
+    if isinstance(src, io.TextIOBase):
+        raise TypeError("a snapshot is binary: open the file with mode 'rb', not in text mode")
+
+
+def path_error(exc: OSError, source: str) -> SnapshotFileError:
+    """A clear error for a path that cannot be opened for reading."""
+    parent = os.path.dirname(os.path.abspath(source))
+    if isinstance(exc, FileNotFoundError):
+        where = "" if os.path.isdir(parent) else f" (its directory {parent} does not exist either)"
+        return SnapshotFileError(f"no such file{where}; check the path (a distributed snapshot is a directory)",
+                                 source=source)
+    if isinstance(exc, IsADirectoryError):
+        return SnapshotFileError("this is a directory without a snapshot's index; pass the snapshot file "
+                                 "inside it, or the directory a distributed run saved", source=source)
+    if isinstance(exc, NotADirectoryError):
+        return SnapshotFileError("a part of this path is a file, not a directory; check the path", source=source)
+    return SnapshotFileError(f"cannot be read: {exc.strerror or exc}", source=source)
+
+
 def _read_all(src: PathOrFile) -> bytes:
+    _check_readable(src)
     if isinstance(src, (bytes, bytearray, memoryview)):
         return bytes(src)
     if isinstance(src, (str, os.PathLike)):
         try:
             with open(src, "rb") as f:
                 return f.read()
-        except FileNotFoundError as exc:
-            raise SnapshotFileError(
-                "no such file; check the path (a distributed snapshot is a directory)",
-                source=os.fspath(src),
-            ) from exc
-        except IsADirectoryError as exc:
-            raise SnapshotFileError(
-                "this is a directory; pass the snapshot file inside it",
-                source=os.fspath(src),
-            ) from exc
-    return src.read()
+        except OSError as exc:
+            raise path_error(exc, os.fspath(src)) from exc
+    data = src.read()
+    if not isinstance(data, (bytes, bytearray)):
+        raise TypeError(f"the file object returned {type(data).__name__} from read(), not bytes: open it in "
+                        "binary mode ('rb')")
+    return bytes(data)
 
 
 def unpack(
@@ -287,7 +321,7 @@ def unpack(
             "the manifest checksum does not match: the file was altered or damaged on disk",
             source=source, offset=_PREFIX,
         )
-    manifest = _parse_manifest(manifest_bytes, source)
+    manifest = _parse_json(manifest_bytes, source)
     signed = bool(flags & _FLAG_SIGNED)
     secret = resolve_key(key)
     if secret is not None:
@@ -305,6 +339,7 @@ def unpack(
                 "or altered after signing. Do not restore it.",
                 source=source, offset=_PREFIX + mlen + plen,
             )
+    info = _validate(manifest, source)  # after the signature: with a key, a forgery is named as one
     payload = None
     if with_payload:
         payload = data[_PREFIX + mlen:_PREFIX + mlen + plen]
@@ -314,7 +349,7 @@ def unpack(
                 "nothing was unpickled. Use an earlier snapshot.",
                 source=source, offset=_PREFIX + mlen,
             )
-    return Container(manifest, payload, signed, len(data))
+    return Container(manifest, payload, signed, len(data), info)
 
 
 def read_container(src: PathOrFile, *, key: bytes | str | None = None) -> Container:
@@ -344,6 +379,7 @@ def read_manifest(src: PathOrFile) -> dict[str, Any]:
         >>> [node["path"] for node in manifest["graph"]["nodes"]]
         ['0', '0/datapipe']
     """
+    _check_readable(src)
     source = _source_name(src)
     if isinstance(src, (str, os.PathLike)) and os.path.isdir(src) \
             and os.path.exists(os.path.join(src, DIRECTORY_MANIFEST)):
@@ -356,24 +392,85 @@ def read_manifest(src: PathOrFile) -> dict[str, Any]:
                 total = os.fstat(f.fileno()).st_size
                 _, mlen, _, mdigest, _ = _check_header(head, total, source)
                 manifest_bytes = f.read(mlen)
-        except FileNotFoundError as exc:
-            raise SnapshotFileError("no such file; check the path", source=source) from exc
-        except IsADirectoryError as exc:
-            raise SnapshotFileError(
-                "this is a directory; pass the snapshot file inside it", source=source,
-            ) from exc
+        except OSError as exc:
+            raise path_error(exc, source) from exc
         if not hmac.compare_digest(_sha256(manifest_bytes), mdigest):
             raise CorruptSnapshotError(
                 "the manifest checksum does not match: the file was altered or damaged",
                 source=source, offset=_PREFIX,
             )
-        manifest = _parse_manifest(manifest_bytes, source)
+        manifest, _ = _parse_manifest(manifest_bytes, source)
         manifest.setdefault("_file", {})["size"] = total
         return manifest
     container = unpack(_read_all(src), source=source, with_payload=False)
     manifest = dict(container.manifest)
     manifest.setdefault("_file", {})["size"] = container.size
     return manifest
+
+
+#: A temporary file of a save in progress: ``.NAME.snapshot-tmp.<pid>.<host>-<random>``.
+_TEMP = re.compile(r"\.(?P<name>.+)\.snapshot-tmp\.(?P<pid>\d+)\.(?P<host>[0-9a-f]{8})-[0-9a-z_]+")
+
+
+def _host_tag() -> str:
+    """Eight hex digits naming this machine, so that a temporary file written by another machine
+    sharing the directory is never taken for one whose writer is gone."""
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def temp_name(dest_name: str) -> str:
+    """A fresh temporary name for a save of ``dest_name`` by this process."""
+    return f".{dest_name}.snapshot-tmp.{os.getpid()}.{_host_tag()}-{secrets.token_hex(4)}"
+
+
+def remove_stale_temporaries(directory: str) -> list[str]:
+    """Remove the temporary files that saves killed mid-way left in ``directory``.
+
+    Only files named like ours (see :func:`temp_name`), written on this machine by a process
+    that no longer exists, are removed; a save running in another process is left alone.
+    Returns the names removed.
+    """
+    removed: list[str] = []
+    host, me = _host_tag(), os.getpid()
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        match = _TEMP.fullmatch(name)
+        if match is None or match["host"] != host:
+            continue
+        pid = int(match["pid"])
+        if pid == me or _pid_alive(pid):
+            continue
+        try:
+            os.unlink(os.path.join(directory, name))
+            removed.append(name)
+        except (FileNotFoundError, IsADirectoryError, PermissionError):
+            pass
+    return removed
+
+
+def _check_writable(dest: Any) -> None:
+    if isinstance(dest, (str, os.PathLike)):
+        if isinstance(os.fspath(dest), bytes):
+            raise TypeError("a snapshot path must be a str or an os.PathLike of str, not bytes")
+        return
+    if not callable(getattr(dest, "write", None)):
+        raise TypeError(f"a snapshot is saved to a path (str or os.PathLike) or a binary file object open for "
+                        f"writing, not a {type(dest).__name__}")
+    if isinstance(dest, io.TextIOBase):
+        raise TypeError("a snapshot is binary: open the file with mode 'wb', not in text mode")
 
 
 #: Bytes per write when a save reports its progress.
@@ -383,10 +480,13 @@ _CHUNK = 8 << 20
 def atomic_write(dest: PathOrFile, data: bytes, *, progress: Callable[[int], None] | None = None) -> None:
     """Write ``data`` so that ``dest`` holds either its old content or all of ``data``.
 
-    Paths are written to a temporary file in the same directory, flushed and fsync'ed,
-    then renamed over ``dest``; the directory is fsync'ed so the rename survives a crash.
-    A binary file object is simply written to. ``progress(n)`` is told of every chunk written.
+    Paths are written to a temporary file in the same directory (named ``.NAME.snapshot-tmp.
+    <pid>.<host>-<random>``), flushed and fsync'ed, then renamed over ``dest``; the directory
+    is fsync'ed so the rename survives a crash. Temporary files left by saves that were killed
+    are removed first (see :func:`remove_stale_temporaries`). Missing parent directories are
+    created. A binary file object is simply written to. ``progress(n)`` is told of every chunk written.
     """
+    _check_writable(dest)
     if not isinstance(dest, (str, os.PathLike)):
         dest.write(data)
         flush = getattr(dest, "flush", None)
@@ -394,9 +494,21 @@ def atomic_write(dest: PathOrFile, data: bytes, *, progress: Callable[[int], Non
             flush()
         return
     path = os.path.abspath(os.fspath(dest))
+    source = os.fspath(dest)
+    if os.path.isdir(path):
+        raise SnapshotFileError(
+            "is a directory; a snapshot file needs a file path (a distributed run's directory snapshot is "
+            "written by save_snapshot() on every rank)", source=source)
     directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as exc:
+        raise SnapshotFileError(
+            f"cannot create the directory {directory}: a file is in the way ({exc.filename or directory})",
+            source=source) from exc
+    remove_stale_temporaries(directory)
+    tmp = os.path.join(directory, temp_name(os.path.basename(path)))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "wb") as f:
             if progress is None:
@@ -459,16 +571,18 @@ def from_state_dict(state: Any, *, source: str = "<state_dict>", key: bytes | st
         raise ForeignFileError(
             f"this is not a snapshot state dict (keys: {keys}).{hint}", source=source,
         )
-    version = state[STATE_DICT_MARKER]
-    if version != FORMAT_VERSION:
-        _version_skew(int(version) if isinstance(version, int) else -1, source)
+    schema.check_format(state[STATE_DICT_MARKER], source)
     manifest_text = state.get("manifest")
     payload = state.get("payload")
     if not isinstance(manifest_text, str) or not isinstance(payload, (bytes, bytearray)):
         raise CorruptSnapshotError(
             "the state dict lacks its 'manifest' JSON text or its 'payload' bytes", source=source,
         )
-    manifest = _parse_manifest(manifest_text.encode("utf-8", "surrogatepass"), source)
+    try:
+        manifest_bytes = manifest_text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise CorruptSnapshotError("the state dict's manifest is not valid text", source=source) from exc
+    manifest = _parse_json(manifest_bytes, source)
     secret = resolve_key(key)
     signed = isinstance(manifest.get(SIGNATURE), str)
     if secret is not None:
@@ -477,18 +591,18 @@ def from_state_dict(state: Any, *, source: str = "<state_dict>", key: bytes | st
                 "a signing key was given but the state dict is not signed; refusing to unpickle it. Save "
                 "it with $SNAPSHOT_KEY set (or key=...), or load it without a key if you trust its origin.",
                 source=source)
-        if not hmac.compare_digest(manifest[SIGNATURE], _state_dict_mac(secret, manifest)):
+        if not hmac.compare_digest(manifest[SIGNATURE].encode(), _state_dict_mac(secret, manifest).encode()):
             raise SignatureError(
                 "the signature does not match this key: the state dict was signed with another key or "
                 "altered after signing. Do not restore it.", source=source)
-    record = manifest.get(PAYLOAD)
-    recorded = record.get("sha256") if isinstance(record, dict) else None
+    info = _validate(manifest, source)
+    recorded = info.payload.sha256 if info.payload is not None else None
     if recorded != hashlib.sha256(payload).hexdigest():
         raise CorruptSnapshotError(
             "the payload checksum does not match the manifest: the state dict was altered; "
             "nothing was unpickled", source=source,
         )
-    return Container(manifest, bytes(payload), signed, len(payload))
+    return Container(manifest, bytes(payload), signed, len(payload), info)
 
 
 _PART_SIZE = struct.Struct("<Q")

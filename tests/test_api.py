@@ -17,6 +17,7 @@ EXPECTED = [
     "GraphMismatchError",
     "InProcessReadingService",
     "LayoutError",
+    "ManifestError",
     "MultiProcessingReadingService",
     "PositionError",
     "RankError",

@@ -88,7 +88,7 @@ def rewrite(src: str, dest: str, edit: Callable[[dict[str, Any]], None]) -> str:
 def three_shards(manifest: dict[str, Any]) -> None:
     """Turn a one-shard manifest into the layout of 3 workers, each with its own logical shard."""
     manifest["service"] = {"name": "MultiProcessingReadingService", "logical_shards": 3, "workers": 3,
-                           "ranks": 1, "owners": {"0": [0], "1": [1], "2": [2]}}
+                           "ranks": 1, "owners": {"0": 0, "1": 1, "2": 2}}
     first = manifest["shards"][0]
     second = copy.deepcopy(first)
     second.update(yielded=4, in_flight=2, worker=1)
@@ -183,7 +183,7 @@ def test_inspect_sums_any_number_of_logical_shards(snap_file: str, tmp_path) -> 
     out = run_cli("inspect", path).stdout
     assert "figures summed over 3 logical shards" in out
     assert "Reading service: MultiProcessingReadingService" in out
-    assert "workers         3" in out and 'owners          {"0":[0],"1":[1],"2":[2]}' in out
+    assert "workers         3" in out and 'owners          {"0":0,"1":1,"2":2}' in out
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("  shard  yielded"))
     assert lines[header].split()[-1] == "worker"
@@ -265,8 +265,12 @@ def test_a_manifest_of_the_wrong_shape_is_refused_cleanly(snap_file: str, tmp_pa
     path = rewrite(snap_file, str(tmp_path / "odd.snap"), damage)
     proc = run_cli("inspect", path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "the manifest's graph.nodes (0/datapipes/0 reads from '0/nowhere') is not a closed graph" in proc.stderr
-    assert run_cli("inspect", "--json", path).returncode == 0  # the raw manifest can still be printed
+    assert "graph.nodes[1].inputs[0]: expected the path of a node of the graph, got '0/nowhere'" in proc.stderr
+    assert len(proc.stderr.splitlines()) == 1
+    for command in (["inspect", "--json"], ["graph"], ["diff", snap_file]):
+        other = run_cli(*command, path)
+        assert other.returncode == 2 and "graph.nodes[1].inputs[0]" in other.stderr, command
+        assert "Traceback" not in other.stderr and len(other.stderr.splitlines()) == 1
 
 
 def test_every_command_works_where_the_graphs_modules_are_not_importable(tmp_path) -> None:

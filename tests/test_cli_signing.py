@@ -143,7 +143,8 @@ def test_without_a_key_a_forged_file_runs_code(tmp_path) -> None:
     path.write_bytes(forge_unsigned(saved_loader().save_snapshot().to_bytes(), evil_payload(marker)))
     assert snapshot.read_manifest(path)["loader"]["yielded"] == 4  # inspecting is safe
     assert not marker.exists()
-    snapshot.load(path)  # no key: the checksums pass, and the payload is unpickled
+    with pytest.raises(snapshot.ManifestError, match="state: expected an object"):
+        snapshot.load(path)  # no key: the checksums pass, and the payload is unpickled (then refused)
     assert marker.exists()
 
 

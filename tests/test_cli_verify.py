@@ -141,8 +141,8 @@ def test_damaged_files(results: Results) -> None:
     foreign = results["foreign"]
     assert foreign.returncode == 1 and "a zip archive (a torch.save checkpoint?)" in foreign.stdout
     odd = results["odd"]
-    assert odd.returncode == 1 and status(odd, "manifest")[0] == "ok"
-    assert "the manifest's loader.yielded is not an integer" in odd.stdout
+    assert odd.returncode == 1 and status(odd, "container")[0] == "ok" and status(odd, "manifest")[0] == "FAIL"
+    assert "loader.yielded: expected a non-negative int, got 'five'" in status(odd, "manifest")[1]
 
 
 def test_forged_payloads(results: Results) -> None:

@@ -24,7 +24,7 @@ from snapshot.cli._exit import EXIT_INVALID, EXIT_OK, EXIT_PROBLEM, CommandError
 from snapshot.cli._source import Source, locate, part_path
 from snapshot.cli._text import MAX_LISTED, count, fit, more
 from snapshot.cli._view import PartFile, View, read_view
-from snapshot.errors import CorruptSnapshotError, SignatureError, SnapshotFileError
+from snapshot.errors import CorruptSnapshotError, ManifestError, SignatureError, SnapshotFileError
 
 __all__ = ["Check", "add_command", "load_factory"]
 
@@ -216,14 +216,19 @@ def verify(source: Source, key: bytes | str | None, key_source: str | None,
     """
     path = source.manifest
     checks: list[Check] = []
+    what = f"the manifest of a distributed snapshot ({source.directory})" if source.directory else "a snapshot file"
     try:
         manifest = fmt.read_manifest(path)
+    except ManifestError as exc:
+        return [Check("container", OK, f"{what}; sizes agree with the header"),
+                Check("manifest", FAIL, f"checksum matches and valid JSON, but not a valid manifest: "
+                                        f"{_reason(exc, path)}")]
     except SnapshotFileError as exc:
         return [Check("file", FAIL, _reason(exc, path))]
-    what = f"the manifest of a distributed snapshot ({source.directory})" if source.directory else "a snapshot file"
     checks.append(Check("container", OK, f"{what}, {count(manifest['_file']['size'])} bytes, "
                                          "sizes agree with the header"))
-    checks.append(Check("manifest", OK, f"checksum matches, valid JSON, format {manifest['format']}"))
+    checks.append(Check("manifest", OK, f"checksum matches, valid JSON, format {manifest['format']}, "
+                                        "every field as the schema requires"))
     try:
         view = read_view(manifest, path)
     except CorruptSnapshotError as exc:

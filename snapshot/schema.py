@@ -246,6 +246,25 @@ class NodeDesc:
         return {"path": self.path, "type": self.type, "args": dict(self.args),
                 "fingerprint": self.fingerprint, "inputs": list(self.inputs)}
 
+    @property
+    def short_type(self) -> str:
+        return self.type.rsplit(".", 1)[-1]
+
+    def signature(self, *, skip_none: bool = False, width: int = 0, limit: int = 0) -> str:
+        """``Type(arg=value, ...)``; ``skip_none`` drops ``None`` arguments, ``width`` shortens
+        each value and ``limit`` the whole text (``…`` marks a cut)."""
+        parts = []
+        for key, value in self.args.items():
+            if skip_none and value == "None":
+                continue
+            if width and len(value) > width:
+                value = value[: width - 1] + "…"
+            parts.append(f"{key}={value}")
+        text = f"{self.short_type}({', '.join(parts)})"
+        if limit and len(text) > limit:
+            text = text[: limit - 2] + "…)"
+        return text
+
 
 @dataclass(frozen=True)
 class GraphDesc:
@@ -608,7 +627,8 @@ class PartRecord:
                      sha256=f.required("sha256", _sha256), size=f.required("size", _int))
         if record.file != part_name(record.rank):
             raise _fail(f"{where}.file", f"{part_name(record.rank)!r}, the part file name of rank {record.rank} "
-                        "(a part never lies outside the snapshot's directory)", record.file)
+                        "(refusing what is not a part file name: a part never lies outside the snapshot's "
+                        "directory)", record.file)
         return record
 
     def to_dict(self) -> dict[str, Any]:
@@ -661,6 +681,7 @@ class Manifest:
         try:
             f = _Fields(value, "")
             version = check_format(f.required("format", lambda v, w: v), source)
+            parts: tuple[PartRecord, ...] = f.get("parts", _parts, ())  # first: an index naming files outside is refused as such
             manifest = cls(
                 format=version,
                 created=f.get("created", _str, None),
@@ -674,7 +695,7 @@ class Manifest:
                 verify=f.get("verify", VerifyRecord.from_dict, None),
                 payload=f.get("payload", PayloadRecord.from_dict, None),
                 ranks=f.get("ranks", lambda v, w: _records(v, w, RankPosition.from_dict), ()),
-                parts=f.get("parts", _parts, ()),
+                parts=parts,
                 signature=f.get("signature", _str, None),
                 extra=f.extra(),
             )

@@ -149,7 +149,7 @@ def _shard_position(shard: Mapping[str, Any] | None) -> schema.ShardPosition | N
     return schema.ShardPosition(
         yielded=shard.get("yielded", 0),
         produced=shard.get("produced"),
-        exhausted=schema.shard_exhausted(shard),
+        exhausted=schema.shard_finished(shard),
         in_flight=len(shard.get("in_flight", [])),
         plan=schema.PlanSummary(tuple(schema.Driver(d["path"], d["replay"]) for d in plan.get("drivers", [])),
                                 dict(plan.get("reasons", {}))),

@@ -33,6 +33,7 @@ from snapshot.reading_service.base import ReadingServiceInterface
 from snapshot.reading_service.in_process import InProcessReadingService
 from snapshot.restore import RestoreStrategy, check_graph, make_plan
 from snapshot.restore import restore as _restore_into
+from snapshot.schema import VerifyRecord
 
 __all__ = ["DataLoader2", "DataLoader2Iterator"]
 
@@ -397,10 +398,10 @@ class DataLoader2(Generic[T_co]):
         return {"count": count, "fingerprints": [sample_fingerprint(x) for x in ahead],
                 "ends": len(ahead) < count}
 
-    def _verify(self, recorded: dict[str, Any]) -> None:
-        count = int(recorded["count"])
+    def _verify(self, recorded: VerifyRecord) -> None:
+        count = recorded.count
         got: list[str] = self._fingerprint_ahead(count)["fingerprints"] if count else []
-        expected = list(recorded["fingerprints"])
+        expected = list(recorded.fingerprints)
         for index, (want, have) in enumerate(zip(expected, got)):
             if want != have:
                 sample = repr(self._lookahead[index])
@@ -473,7 +474,7 @@ class DataLoader2(Generic[T_co]):
                 )
             self._set_graph_bytes(snap.graph)
         assert self._graph is not None
-        check_graph(snap.manifest["graph"]["nodes"], self._graph)
+        check_graph([node.to_dict() for node in snap.info.graph.nodes], self._graph)
         make_plan(self._graph, {}, strategy)  # refuses an impossible strategy up front
         state = snap.state
         problems = self.reading_service.validate(state["service"]) if state["service"] else []
@@ -496,8 +497,8 @@ class DataLoader2(Generic[T_co]):
         before = self._position()
         try:
             self._apply(state, service_state, strategy, rank_position)
-            recorded = snap.manifest.get("verify") if rank_position is not None else None
-            if recorded:
+            recorded = snap.info.verify if rank_position is not None else None
+            if recorded is not None:
                 self._verify(recorded)
         except BaseException:
             self._set_position(before)

@@ -33,10 +33,13 @@ round-trips.
 
     SavedState                        the loader's state inside the (pickled) payload
     └── service: ServiceState         the reading service's checkpoint ({} before epoch 0)
-        └── shards: [dict | None]     per logical shard: SHARD_EXHAUSTED, nodes, ...
+        └── shards: [dict | None]     per logical shard: its service's record (nodes, plan, ...)
 
-One name per idea: a logical shard that has no more samples is ``exhausted`` everywhere
-(:func:`shard_exhausted` also reads the older payload spelling ``finished``).
+Two ideas that look alike: in the payload a shard record says ``exhausted`` when the shard's
+graph has produced its last sample, and ``finished`` when the loader has also taken that
+sample (nothing in flight). The manifest shows only the second, as ``shards[i].exhausted``
+(:func:`shard_finished` reads it from a record; names kept for compatibility with files
+already written).
 
 This module imports neither torch nor dill: the command line uses it to inspect files.
 """
@@ -74,7 +77,7 @@ __all__ = [
     "VerifyRecord",
     "check_format",
     "part_name",
-    "shard_exhausted",
+    "shard_finished",
 ]
 
 #: The version of the container and of this schema; written as the manifest's ``format``.
@@ -84,8 +87,8 @@ READERS = {1: "snapshot 0.1 and later"}
 
 RESTORE_METHODS = ("state", "replay")
 SEED_SOURCES = ("user", "drawn")
-SHARD_EXHAUSTED = "exhausted"
-_OLD_SHARD_EXHAUSTED = "finished"
+#: In a payload's shard record: the loader took the shard's last sample / its graph produced it.
+SHARD_FINISHED, SHARD_PRODUCED_ALL = "finished", "exhausted"
 _PART_NAME = re.compile(r"rank-(\d{5})\.snap")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -496,7 +499,10 @@ def _positions(value: Any, where: str) -> dict[str, NodePosition]:
 
 @dataclass(frozen=True)
 class ShardPosition:
-    """One logical shard: samples the loader took from it, its plan, its nodes' positions."""
+    """One logical shard: samples the loader took from it, its plan, its nodes' positions.
+
+    ``exhausted``: the loader has taken the shard's last sample this epoch.
+    """
 
     yielded: int
     produced: int | None = None
@@ -681,7 +687,8 @@ class Manifest:
         try:
             f = _Fields(value, "")
             version = check_format(f.required("format", lambda v, w: v), source)
-            parts: tuple[PartRecord, ...] = f.get("parts", _parts, ())  # first: an index naming files outside is refused as such
+            # first: an index naming files outside its directory is refused as such
+            parts: tuple[PartRecord, ...] = f.get("parts", _parts, ())
             manifest = cls(
                 format=version,
                 created=f.get("created", _str, None),
@@ -749,9 +756,9 @@ class Manifest:
 
 # -- the payload's state ----------------------------------------------------------------------
 
-def shard_exhausted(record: Mapping[str, Any]) -> bool:
-    """Whether a saved logical shard has no more samples (``finished`` is the older spelling)."""
-    return bool(record.get(SHARD_EXHAUSTED, record.get(_OLD_SHARD_EXHAUSTED, False)))
+def shard_finished(record: Mapping[str, Any]) -> bool:
+    """Whether the loader has taken a saved logical shard's last sample (the manifest's ``exhausted``)."""
+    return bool(record.get(SHARD_FINISHED, record.get(SHARD_PRODUCED_ALL, False)))
 
 
 @dataclass(frozen=True)

@@ -257,8 +257,9 @@ class Snapshot:
         """The plain-dict form: ``{"snapshot_format", "manifest", "payload"}`` (signed when a key
         is given or ``$SNAPSHOT_KEY`` is set)."""
         if self.parts is not None:
-            infos = [part_info(rank, part.manifest, part.to_bytes()) for rank, part in enumerate(self.parts)]
-            return parts_state_dict(infos, [part.to_bytes() for part in self.parts], key=key)
+            blobs = [part.to_bytes(key=key) for part in self.parts]  # each part signed like the whole
+            infos = [part_info(rank, part.manifest, blob) for rank, (part, blob) in enumerate(zip(self.parts, blobs))]
+            return parts_state_dict(infos, blobs, key=key)
         return format.to_state_dict(self.manifest, self._payload, key=key)
 
     @classmethod

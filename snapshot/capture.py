@@ -292,6 +292,10 @@ def capture(loader: Any, *, include_graph: bool = True, verify: int = 0) -> Snap
     from a buffer, so nothing is lost), and their fingerprints are recorded: a restore
     compares them with the samples it produces and refuses a stream that diverges.
     """
+    if not callable(getattr(loader, "_snapshot_source", None)):
+        raise TypeError(f"snapshot.capture() takes a snapshot.DataLoader2, not a {type(loader).__name__}")
+    if isinstance(verify, bool) or not isinstance(verify, int) or verify < 0:
+        raise TypeError(f"verify must be a non-negative int (samples to fingerprint ahead), not {verify!r}")
     from snapshot.restore import check_restorable
 
     if getattr(loader, "_graph", None) is not None:

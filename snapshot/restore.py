@@ -235,6 +235,10 @@ def restore(loader: Any, src: Any, *, strategy: RestoreStrategy | str = "auto",
     """
     from snapshot.capture import Snapshot, load
 
+    if not callable(getattr(loader, "_restore", None)):
+        raise TypeError(f"snapshot.restore() puts a snapshot.DataLoader2 at a saved position; got a "
+                        f"{type(loader).__name__} as the loader")
+    strategy = RestoreStrategy.parse(strategy)
     snap = src if isinstance(src, Snapshot) else load(src, key=key)
-    loader._restore(snap, RestoreStrategy.parse(strategy))
+    loader._restore(snap, strategy)
     return snap

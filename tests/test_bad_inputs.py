@@ -153,6 +153,15 @@ def test_loading_something_that_is_not_a_snapshot_source_is_a_type_error(src: An
         snapshot.restore(snapshot.DataLoader2(graphs.linear(n=30)), src)
 
 
+def test_capture_and_restore_take_a_loader(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="takes a snapshot.DataLoader2, not a NoneType"):
+        snapshot.capture(None)
+    with pytest.raises(TypeError, match="got a str as the loader"):
+        snapshot.restore("data.snap", SNAP)  # arguments swapped
+    with pytest.raises(TypeError, match="verify must be a non-negative int"):
+        snapshot.capture(snapshot.DataLoader2(graphs.linear(n=30)), verify=-1)
+
+
 def test_a_text_mode_file_or_a_wrong_key_is_a_type_error(tmp_path: Path) -> None:
     path = tmp_path / "a.snap"
     snapshot.save(SNAP, str(path))

@@ -14,7 +14,7 @@ round-trips.
 
     Manifest                          the JSON manifest of a snapshot file (format 1)
     ├── versions: {package: version}
-    ├── loader: LoaderPosition        epoch, samples yielded in it, exhausted?, lookahead
+    ├── loader: LoaderPosition        epoch, samples yielded in it, epoch_finished, lookahead
     ├── randomness: Randomness        the seed, where it came from, fingerprints of node seeds
     ├── graph: GraphDesc              fingerprint, included?, nodes
     │   └── nodes: [NodeDesc]         path, type, args (reprs), fingerprint, inputs (paths)
@@ -86,6 +86,9 @@ FORMAT_VERSION = 1
 READERS = {1: "snapshot 0.1 and later"}
 
 RESTORE_METHODS = ("state", "replay")
+#: The reading services whose state is cut into logical shards (``layout.logical_shards``).
+SHARDED_SERVICES = frozenset({"InProcessReadingService", "MultiProcessingReadingService",
+                              "DistributedReadingService"})
 SEED_SOURCES = ("user", "drawn")
 #: In a payload's shard record: the loader took the shard's last sample / its graph produced it.
 SHARD_FINISHED, SHARD_PRODUCED_ALL = "finished", "exhausted"
@@ -162,7 +165,7 @@ def _optional(read: Callable[[Any, str], T]) -> Callable[[Any, str], T | None]:
 
 
 def _texts(value: Any, where: str) -> dict[str, str]:
-    """An object of strings (numbers and booleans, which older writers used, become text)."""
+    """An object of strings (a number or a boolean is accepted and kept as its text)."""
     out = {}
     for key, item in _object(value, where).items():
         if isinstance(item, (dict, list)) or item is None:
@@ -765,8 +768,9 @@ def shard_finished(record: Mapping[str, Any]) -> bool:
 class ServiceState:
     """A reading service's checkpoint, as it travels in the payload (``{}`` before the first epoch).
 
-    Only its frame is typed here: the layout and one record (or ``None``) per logical shard.
-    The records' contents belong to the service that wrote them.
+    Only its frame is typed here: the layout and one record (or ``None``) per logical shard
+    (required of the built-in services, and of any service whose layout names
+    ``logical_shards``). The records' contents belong to the service that wrote them.
     """
 
     service: str
@@ -784,6 +788,8 @@ class ServiceState:
                     shards=f.required("shards", lambda v, w: _records(v, w, _optional(_object_copy))),
                     upstream=f.get("upstream", lambda v, w: _records(v, w, _object_copy), ()),
                     extra=f.extra())
+        if state.service not in SHARDED_SERVICES and "logical_shards" not in state.layout:
+            return state  # a service of the user's own: its layout is its business
         _int(state.layout.get("logical_shards"), f"{where}.layout.logical_shards", minimum=1)
         if len(state.shards) != state.layout["logical_shards"]:
             raise _fail(f"{where}.shards", f"{state.layout['logical_shards']} records (one per logical shard)",

@@ -33,7 +33,7 @@ from snapshot.reading_service.base import ReadingServiceInterface
 from snapshot.reading_service.in_process import InProcessReadingService
 from snapshot.restore import RestoreStrategy, check_graph, make_plan
 from snapshot.restore import restore as _restore_into
-from snapshot.schema import VerifyRecord
+from snapshot.schema import SavedState, VerifyRecord
 
 __all__ = ["DataLoader2", "DataLoader2Iterator"]
 
@@ -533,20 +533,20 @@ class DataLoader2(Generic[T_co]):
         if self._datapipe_iter is not None:
             self.reading_service.finalize_iteration()
             self._datapipe_iter = None
-        self._epoch = int(state["epoch"])
-        self._yielded = int(state["yielded"])
-        self._epoch_finished = bool(state["epoch_finished"])
-        self._epoch_seed = state["seed"]
-        self._epoch_seed_given = bool(state["seed_given"])
-        self._generator = (SeedGenerator.from_state(state["generator"])
-                           if state["generator"] is not None else None)
-        self._lookahead = deque(state.get("lookahead", []))
+        saved = SavedState.from_dict(state)  # checked when loaded; here, typed
+        self._epoch = saved.position.epoch
+        self._yielded = saved.position.yielded
+        self._epoch_finished = saved.position.epoch_finished
+        self._epoch_seed = saved.seed
+        self._epoch_seed_given = saved.seed_given
+        self._generator = SeedGenerator.from_state(saved.generator) if saved.generator is not None else None
+        self._lookahead = deque(saved.lookahead)
         # seed() semantics: a seed given before the snapshot and not yet used stays pending;
         # otherwise the epoch's own seed keeps driving the seed sequence.
         self._seed = self._epoch_seed if self._epoch_seed_given else None
         self._reset_seed = False
-        if state["pending_seed"] is not None:
-            self._seed, self._reset_seed = int(state["pending_seed"]), True
+        if saved.pending_seed is not None:
+            self._seed, self._reset_seed = saved.pending_seed, True
         if self._epoch < 0:
             self._datapipe_iter = None
             self._reset_iter = True

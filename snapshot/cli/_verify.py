@@ -149,8 +149,7 @@ def _graph(view: View, spec: str, datapipe: Any) -> Check:
     from snapshot.graph import Graph, compare_nodes
 
     graph = Graph(datapipe)
-    saved = [{"path": n.path, "type": n.type, "args": n.args, "fingerprint": n.fingerprint,
-              "inputs": list(n.inputs)} for n in view.nodes]
+    saved = [node.to_dict() for node in view.nodes]
     diffs = compare_nodes(saved, graph)
     if not diffs:
         return Check("graph", OK, f"{spec} builds the saved graph ({len(graph)} nodes, "

@@ -16,8 +16,12 @@ A snapshot file is::
 
 The header carries both digests, so the HMAC over the header authenticates the whole file.
 Readers check, in order: magic, container version, sizes against the real file size,
-manifest digest, manifest JSON, manifest format version, then (only when the payload is
-needed) the payload digest and the signature, and only then unpickle.
+manifest digest, manifest JSON, manifest format version, the signature (with a key), every
+field of the manifest against :mod:`snapshot.schema` (a ``ManifestError`` names the field),
+then (only when the payload is needed) the payload digest, and only then unpickle.
+
+Saves write ``.NAME.snapshot-tmp.<pid>.<host>-<random>`` and rename it over ``NAME``; the
+next save into a directory removes such files whose writer is gone (a killed save).
 
 A snapshot can also travel as a plain dict (``DataLoader2.state_dict()``)::
 

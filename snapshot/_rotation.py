@@ -1,7 +1,7 @@
 """A directory of numbered snapshots: find the newest (:func:`latest`), keep the last K (:func:`prune`).
 
 Snapshots are told apart from other files by reading their manifest (never unpickling), so
-temporary files of a save in progress (hidden, ``.name.XXXX.tmp``), a distributed save's
+temporary files of a save in progress (hidden, ``.name.snapshot-tmp.<pid>.<host>-<random>``), a distributed save's
 staging directories (hidden too), a file cut short by a copy and unrelated files are all
 skipped. Order: by the last number in the name (``step-1200.snap`` after ``step-800.snap``),
 then by modification time; a directory whose snapshots carry no number is ordered by time.

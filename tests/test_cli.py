@@ -227,8 +227,9 @@ def test_inspect_and_diff_a_two_worker_snapshot(tmp_path) -> None:
 
 
 def test_python_dash_m_works(shared_file: str) -> None:
+    # wide enough that the tree keeps torch's full class names (a narrow terminal shortens them)
     proc = subprocess.run([sys.executable, "-W", "ignore", "-m", "snapshot", "inspect", shared_file],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env=dict(os.environ, COLUMNS="200"))
     assert proc.returncode == 0 and "MultiplexerIterDataPipe()" in proc.stdout
     proc = subprocess.run([sys.executable, "-m", "snapshot", "--version"], capture_output=True, text=True,
                           timeout=120)

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from snapshot.graph import Graph
+from snapshot.sharding import is_dispatcher
 
 __all__ = ["EpochSeeds", "PhiloxEngine", "SeedGenerator", "draw_seed", "epoch_seeds", "is_random"]
 
@@ -191,7 +192,7 @@ def is_random(datapipe: Any) -> bool:
 
 
 def _is_sharding_point(datapipe: Any) -> bool:
-    return inspect.ismethod(getattr(datapipe, "apply_sharding", None))
+    return inspect.ismethod(getattr(datapipe, "apply_sharding", None)) or is_dispatcher(datapipe)
 
 
 @dataclass

@@ -5,12 +5,18 @@ A graph is cut at its *sharding points*:
 - a ``sharding_filter`` is a **router**: the part above it (its inputs and everything they
   read from) runs once per worker, and the samples reaching the filter are dealt to the
   logical shards by index (sample ``i`` goes to shard ``i % L``);
+- a ``sharding_round_robin_dispatch`` (torchdata 0.9's dispatcher) is a router too, but the
+  part above it is *non-replicable*: it runs once per process that drives the loader (the
+  main process, not the workers), which deals its samples to the logical shards by index
+  the same way. Sharding points above or below a dispatcher are left as they are (they
+  pass everything through unless configured by hand), as in torchdata 0.9;
 - any other pipe with an ``apply_sharding`` method (a source that reads its own share) is
   **replicated**: each logical shard runs its own copy, configured with
   ``apply_sharding(L, shard)``.
 
 Everything not above a router runs once per logical shard. A graph without a sharding
-point has a single logical shard.
+point has a single logical shard. A pipe whose ``is_replicable()`` returns ``False`` may
+only sit above a dispatcher when there is more than one logical shard.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, Shardi
 from snapshot.errors import ShardingError
 from snapshot.graph import Graph
 
-__all__ = ["Topology", "WorkerInfo", "analyze", "apply_sharding", "is_sharding_point"]
+__all__ = ["Topology", "WorkerInfo", "analyze", "apply_sharding", "is_dispatcher", "is_sharding_point"]
+
+_DISPATCHER = ("torchdata.datapipes.iter.util.sharding", "ShardingRoundRobinDispatcherIterDataPipe")
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,17 @@ class WorkerInfo:
 def is_sharding_point(datapipe: Any) -> bool:
     """``sharding_filter`` or any pipe with a bound ``apply_sharding`` method."""
     return inspect.ismethod(getattr(datapipe, "apply_sharding", None))
+
+
+def is_dispatcher(datapipe: Any) -> bool:
+    """torchdata 0.9's ``sharding_round_robin_dispatch`` (recognised without importing torchdata)."""
+    kind = type(datapipe)
+    return (kind.__module__, kind.__qualname__) == _DISPATCHER
+
+
+def _is_non_replicable(datapipe: Any) -> bool:
+    method = getattr(datapipe, "is_replicable", None)
+    return callable(method) and method() is False
 
 
 def apply_sharding(
@@ -67,19 +86,28 @@ def _apply(datapipe: Any, count: int, instance: int,
 class Topology:
     """How a graph is cut into logical shards (see the module docstring).
 
-    ``problems`` lists why the graph cannot be cut (a node read both above and below the
-    sharding point, two sharding points in a row); they matter only for more than one
-    logical shard: with one, the graph runs whole, as it would on its own.
+    ``routers`` are the ``sharding_filter`` and dispatcher paths, ``dispatchers`` the latter;
+    ``upstream`` is everything above a router and ``dispatched`` the part of it above a
+    dispatcher. ``problems`` lists why the graph cannot be cut (a node read both above and
+    below the sharding point, two sharding points in a row); they matter only for more than
+    one logical shard: with one, the graph runs whole, as it would on its own.
     """
 
     routers: tuple[str, ...]
     replicated: tuple[str, ...]
     upstream: frozenset[str]
     problems: tuple[str, ...] = ()
+    dispatchers: tuple[str, ...] = ()
+    dispatched: frozenset[str] = frozenset()
 
     @property
     def sharded(self) -> bool:
         return bool(self.routers or self.replicated)
+
+    @property
+    def filters(self) -> tuple[str, ...]:
+        """The routers that are ``sharding_filter`` (their upstream runs in every worker)."""
+        return tuple(r for r in self.routers if r not in self.dispatchers)
 
     def for_shards(self, count: int) -> Topology:
         """The cut to run ``count`` logical shards with (raises when it cannot be made)."""
@@ -102,22 +130,46 @@ class Topology:
 
     def describe(self) -> dict[str, Any]:
         return {"routers": list(self.routers), "replicated": list(self.replicated),
-                "upstream_nodes": len(self.upstream)}
+                "upstream_nodes": len(self.upstream), "dispatchers": list(self.dispatchers)}
+
+
+def _descendants(graph: Graph, paths: list[str]) -> set[str]:
+    """Every node that reads, directly or not, from one of ``paths``."""
+    seen: set[str] = set()
+    stack = [c for p in paths for c in graph[p].consumers]
+    while stack:
+        path = stack.pop()
+        if path not in seen:
+            seen.add(path)
+            stack.extend(graph[path].consumers)
+    return seen
 
 
 def analyze(graph: Graph) -> Topology:
     """Find the sharding points of ``graph``, and what would stop cutting it there."""
-    routers = [n.path for n in graph.nodes if isinstance(n.datapipe, ShardingFilterIterDataPipe)]
-    replicated = [n.path for n in graph.nodes
-                  if is_sharding_point(n.datapipe) and n.path not in routers]
     problems = []
+    candidates = [n.path for n in graph.nodes if is_dispatcher(n.datapipe)]
+    for path in candidates:
+        if len(graph[path].inputs) != 1:
+            problems.append(f"{path}: a sharding_round_robin_dispatch must have exactly one input")
+    candidates = [p for p in candidates if len(graph[p].inputs) == 1]
+    above = {p: set(graph.ancestors(graph[p].inputs[0])) for p in candidates}
+    dispatchers = [p for p in candidates if not any(p in above[q] for q in candidates)]
+    dispatched = set().union(*(above[p] for p in dispatchers))
+    below = _descendants(graph, dispatchers)
+    passive = dispatched | below  # sharding points there are left alone, as in torchdata 0.9
+    filters = [n.path for n in graph.nodes
+               if isinstance(n.datapipe, ShardingFilterIterDataPipe) and n.path not in passive]
+    replicated = [n.path for n in graph.nodes
+                  if is_sharding_point(n.datapipe) and n.path not in passive
+                  and not isinstance(n.datapipe, ShardingFilterIterDataPipe)]
     upstream: set[str] = set()
-    for router in routers:
+    for router in filters:
         if len(graph[router].inputs) != 1:
             problems.append(f"{router}: a sharding_filter must have exactly one input")
             continue
         upstream.update(graph.ancestors(graph[router].inputs[0]))
-    for router in routers:
+    for router in filters:
         if router in upstream:
             problems.append(
                 f"{router}: sharding_filter above another sharding_filter; keep a single one "
@@ -126,10 +178,29 @@ def analyze(graph: Graph) -> Topology:
         if path in upstream:
             problems.append(f"{path}: {graph[path].signature} shards its own data but sits above a "
                             "sharding_filter; remove one of the two")
-    for path in sorted(upstream):
-        outside = [c for c in graph[path].consumers if c not in upstream and c not in routers]
+    for path in sorted(upstream & dispatched):
+        problems.append(
+            f"{path}: {graph[path].signature} feeds both a sharding_round_robin_dispatch (run once) and a "
+            "sharding_filter (run in every worker); give each branch its own source")
+    for path in sorted(upstream - dispatched):
+        outside = [c for c in graph[path].consumers if c not in upstream and c not in filters]
         if outside:
             problems.append(
                 f"{path}: {graph[path].signature} feeds both a sharding_filter and "
                 f"{', '.join(outside)} below it, so every logical shard would read it in full")
-    return Topology(tuple(routers), tuple(replicated), frozenset(upstream), tuple(problems))
+    routers_found = set(filters) | set(dispatchers)
+    for path in sorted(dispatched):
+        outside = [c for c in graph[path].consumers if c not in dispatched and c not in routers_found]
+        if outside:
+            problems.append(
+                f"{path}: {graph[path].signature} feeds both a sharding_round_robin_dispatch and "
+                f"{', '.join(outside)} below it, so every logical shard would read it in full")
+    for node in graph.nodes:
+        if node.path not in dispatched and _is_non_replicable(node.datapipe):
+            problems.append(
+                f"{node.path}: {node.signature} is not replicable (its is_replicable() is False) but would run "
+                "once per logical shard; put .sharding_round_robin_dispatch(SHARDING_PRIORITIES.MULTIPROCESSING) "
+                "below it so it runs once, or run with a single worker (logical_shards=1)")
+    routers = [n.path for n in graph.nodes if n.path in filters or n.path in dispatchers]
+    return Topology(tuple(routers), tuple(replicated), frozenset(upstream | dispatched), tuple(problems),
+                    tuple(dispatchers), frozenset(dispatched))

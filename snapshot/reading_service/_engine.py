@@ -36,8 +36,8 @@ try:
 except ImportError:  # pragma: no cover - numpy is optional
     numpy = None  # type: ignore[assignment]
 
-__all__ = ["GlobalRNG", "RoundRobin", "Router", "ShardEngine", "merge_state_for", "owners", "recombine",
-           "service_state"]
+__all__ = ["GlobalRNG", "RemoteRouter", "RoundRobin", "Router", "ShardEngine", "merge_state_for", "owners",
+           "parts", "recombine", "restore_plans", "service_state", "start_upstream"]
 
 
 class GlobalRNG(str, enum.Enum):
@@ -106,12 +106,17 @@ class Router:
                 "queues": {s: [[i, x] for i, x in q] for s, q in self.queues.items()}}
 
 
+def _outer(datapipe: Any) -> tuple[int, int]:
+    """The share a ``sharding_filter`` was configured to keep by hand (a dispatcher keeps all)."""
+    return int(getattr(datapipe, "num_of_instances", 1)), int(getattr(datapipe, "instance_id", 0))
+
+
 class RouterPort(Iterator[Any]):
     """A shard's view of a router: the cell of the ``sharding_filter`` in the shard's copy."""
 
     __slots__ = ("router", "shard", "yielded", "exhausted", "path", "datapipe")
 
-    def __init__(self, router: Router, shard: int, datapipe: Any):
+    def __init__(self, router: Router | RemoteRouter, shard: int, datapipe: Any):
         self.router = router
         self.shard = shard
         self.datapipe = datapipe
@@ -130,6 +135,39 @@ class RouterPort(Iterator[Any]):
             raise
         self.yielded += 1
         return item
+
+
+#: How a worker gets a dispatcher's samples: ``fetch(dispatcher path, shard, samples received
+#: so far)`` returns the next samples of that shard and whether the shard has ended there.
+RemoteFetch = Callable[[str, int, int], tuple[list[Any], bool]]
+
+
+class RemoteRouter:
+    """A dispatcher whose upstream part runs in another process: a worker's side of it.
+
+    Asks for a shard's samples only when it has none left, so a request also tells the
+    dispatching process exactly how many the shard has read.
+    """
+
+    def __init__(self, path: str, fetch: RemoteFetch, shards: Sequence[int], received: Mapping[int, int]):
+        self.path = path
+        self.fetch = fetch
+        self.received = {s: int(received.get(s, 0)) for s in shards}
+        self.ended = {s: False for s in shards}
+        self.queues: dict[int, deque[Any]] = {s: deque() for s in shards}
+
+    def next_for(self, shard: int) -> Any:
+        queue = self.queues[shard]
+        if not queue:
+            if self.ended[shard]:
+                raise StopIteration
+            items, ended = self.fetch(self.path, shard, self.received[shard])
+            self.received[shard] += len(items)
+            self.ended[shard] = ended
+            queue.extend(items)
+            if not queue:
+                raise StopIteration
+        return queue.popleft()
 
 
 # Generator states are swapped as the generators' own objects (cheap: no copies into lists);
@@ -221,17 +259,71 @@ class _ShardRNG:
         return _plain_rng(raw) if raw is not None else None
 
 
+def restore_plans(graphs: Mapping[int, Graph], topology: Topology, saved: Mapping[int, Any],
+                  strategy: RestoreStrategy) -> tuple[dict[int, Any], set[int]]:
+    """Each saved shard's restore plan, and the shards whose plan replays up to a router."""
+    plans = {}
+    for shard, graph in graphs.items():
+        record = saved.get(shard)
+        if record is not None and not record.get("exhausted"):
+            counts = {p: r["yielded"] for p, r in record["nodes"].items()}
+            plans[shard] = make_plan(graph, counts, strategy, ports=frozenset(topology.routers))
+    return plans, {s for s, plan in plans.items() if plan.reaches_ports}
+
+
+def start_upstream(graph: Graph, routers: Sequence[str], prefix: frozenset[str], count: int, shards: Sequence[int],
+                   seeds: EpochSeeds, saved: Mapping[str, Any] | None, replayed: set[int],
+                   strategy: RestoreStrategy) -> tuple[Run, dict[str, Router]]:
+    """Run the part above ``routers`` (the nodes in ``prefix``), restored from ``saved`` if given.
+
+    When some shard replays up to its router (``replayed``), the part restarts from the
+    start of the epoch and each router skips, for the other shards, what they had read.
+    """
+    sinks = [graph[r].inputs[0] for r in routers]
+    records = plan = None
+    routers_state: dict[str, Any] = {}
+    if saved is not None:
+        restore_persistent(graph, saved.get("persistent", {}))
+        if not replayed:
+            records = saved["nodes"]
+            counts = {p: r["yielded"] for p, r in records.items()}
+            plan = make_plan(graph, counts, strategy, sinks=sinks)
+            routers_state = saved["routers"]
+        else:  # restart the routers, skipping what was read
+            rewind(graph, saved["nodes"], prefix)
+            routers_state = {r: {"position": 0, "kept": 0, "ended": False, "queues": {s: [] for s in shards},
+                                 "next": {s: (s if s in replayed else state["next"][s]) for s in shards}}
+                             for r, state in saved["routers"].items()}
+    shared = {p: s for p, s in seeds.shared.items() if p in prefix}
+    run = Run(graph, shared, sink=sinks[0], sinks=tuple(sinks[1:]), records=records, plan=plan)
+    built = {r: Router(run.cell(graph[r].inputs[0]), count, shards, routers_state.get(r),
+                       outer=_outer(graph[r].datapipe))
+             for r in routers}
+    return run, built
+
+
+def _read_from(record: Mapping[str, Any] | None, router: str) -> int:
+    """How many samples a saved shard had read from ``router``."""
+    if record is None:
+        return 0
+    return int((record.get("nodes") or {}).get(router, {}).get("yielded") or 0)
+
+
 class ShardEngine:
     """Runs the logical ``shards`` this process owns, out of ``count`` in all.
 
     ``graph`` is the live graph (used for the part above the sharding point and for the
     first owned shard); ``make_copy`` builds a fresh copy of the graph for each further shard.
+    With ``remote``, the part above each dispatcher runs elsewhere (the main process) and
+    its samples are fetched through ``remote``.
     """
 
     def __init__(self, graph: Graph, make_copy: Callable[[], Any], topology: Topology, count: int,
                  shards: Sequence[int], *, worker: WorkerInfo, init_fn: Callable[..., Any] | None = None,
-                 global_rng: GlobalRNG = GlobalRNG.SHARED, protect_caller_rng: bool = True):
+                 global_rng: GlobalRNG = GlobalRNG.SHARED, protect_caller_rng: bool = True,
+                 remote: RemoteFetch | None = None):
         self.topology = topology
+        self._remote = remote if topology.dispatchers else None
         self.count = count
         self.shards = list(shards)
         self.graph = graph
@@ -245,9 +337,11 @@ class ShardEngine:
             topology.configure_shard(shard_graph, count, shard)
             self._shard_graphs[shard] = shard_graph
         self._downstream = topology.downstream(graph)
+        #: the part above the routers that runs here
+        self._prefix = topology.upstream - topology.dispatched if self._remote is not None else topology.upstream
         self._rng = _ShardRNG(GlobalRNG(global_rng), protect_caller_rng)
         self._upstream: Run | None = None
-        self._routers: dict[str, Router] = {}
+        self._routers: dict[str, Router | RemoteRouter] = {}
         self._runs: dict[int, Run | None] = {}
         self._seeds: EpochSeeds | None = None
 
@@ -271,38 +365,18 @@ class ShardEngine:
         self.close()
         self._seeds = seeds
         graph, topology = self.graph, self.topology
-        ports = frozenset(topology.routers)
         shard_states = restore["shards"] if restore else {}
-        plans = {}
-        for shard in self.shards:
-            saved = shard_states.get(shard)
-            if saved is not None and not saved.get("exhausted"):
-                counts = {p: r["yielded"] for p, r in saved["nodes"].items()}
-                plans[shard] = make_plan(self._shard_graphs[shard], counts, strategy, ports=ports)
-        replayed = {s for s, plan in plans.items() if plan.reaches_ports}
+        plans, replayed = restore_plans(self._shard_graphs, topology, shard_states, strategy)
         upstream_state = restore.get("upstream") if restore else None
-        if upstream_state is not None:
-            restore_persistent(graph, upstream_state.get("persistent", {}))
-        if topology.routers:
-            sinks = topology.router_inputs(graph)
-            records = plan = None
-            routers_state: dict[str, Any] = {}
-            if upstream_state is not None and not replayed:
-                records = upstream_state["nodes"]
-                counts = {p: r["yielded"] for p, r in records.items()}
-                plan = make_plan(graph, counts, strategy, sinks=sinks)
-                routers_state = upstream_state["routers"]
-            elif upstream_state is not None:  # restart the routers, skipping what was read
-                rewind(graph, upstream_state["nodes"], topology.upstream)
-                routers_state = {r: {"position": 0, "kept": 0, "ended": False, "queues": {s: [] for s in self.shards},
-                                     "next": {s: (s if s in replayed else state["next"][s]) for s in self.shards}}
-                                 for r, state in upstream_state["routers"].items()}
-            shared = {p: s for p, s in seeds.shared.items() if p in topology.upstream}
-            self._upstream = Run(graph, shared, sink=sinks[0], sinks=tuple(sinks[1:]), records=records, plan=plan)
-            self._routers = {
-                r: Router(self._upstream.cell(graph[r].inputs[0]), self.count, self.shards, routers_state.get(r),
-                          outer=(graph[r].datapipe.num_of_instances, graph[r].datapipe.instance_id))
-                for r in topology.routers}
+        local = topology.filters if self._remote is not None else topology.routers
+        if local:
+            self._upstream, routers = start_upstream(graph, local, self._prefix, self.count, self.shards, seeds,
+                                                     upstream_state, replayed, strategy)
+            self._routers.update(routers)
+        if self._remote is not None:
+            for path in topology.dispatchers:
+                received = {s: 0 if s in replayed else _read_from(shard_states.get(s), path) for s in self.shards}
+                self._routers[path] = RemoteRouter(path, self._remote, self.shards, received)
         rng_states = {}
         for shard in self.shards:
             saved = shard_states.get(shard)
@@ -353,9 +427,10 @@ class ShardEngine:
         upstream = None
         if self._upstream is not None:
             upstream = {"shards": list(self.shards), "nodes": self._upstream.capture(),
-                        "routers": {r: router.state() for r, router in self._routers.items()},
+                        "routers": {r: router.state() for r, router in self._routers.items()
+                                    if isinstance(router, Router)},
                         "persistent": {p: s for p, s in capture_persistent(self.graph).items()
-                                       if p in self.topology.upstream}}
+                                       if p in self._prefix}}
         shards: dict[int, dict[str, Any]] = {}
         for shard in self.shards:
             run = self._runs.get(shard)
@@ -373,46 +448,70 @@ class ShardEngine:
         return {"upstream": upstream, "shards": shards}
 
 
+#: A part of the graph above the sharding point: its routers and the nodes above them.
+Part = tuple[Sequence[str], frozenset[str]]
+
+
+def parts(topology: Topology, *, filters: bool = True, dispatchers: bool = True) -> list[Part]:
+    """The parts above the sharding point that one process runs: the one above the
+    ``sharding_filter`` routers (run by every worker) and the one above the dispatchers (run
+    once per loader process)."""
+    found: list[Part] = []
+    if filters and topology.filters:
+        found.append((topology.filters, topology.upstream - topology.dispatched))
+    if dispatchers and topology.dispatchers:
+        found.append((topology.dispatchers, topology.dispatched))
+    return found
+
+
 def recombine(saved_upstream: Sequence[Mapping[str, Any]], saved_shards: Sequence[Mapping[str, Any]],
-              shards: Sequence[int], routers: Sequence[str]) -> dict[str, Any]:
+              shards: Sequence[int], wanted: Sequence[Part]) -> dict[str, Any]:
     """The restore state for an engine that owns ``shards``, from states saved in any layout.
 
-    The part above the sharding point is taken from the saved copy that had read the least
-    (every other copy's routers have queued, by value, what the shards still need from the
-    samples it had read); each router's queues come from each shard's former owner.
+    For each ``wanted`` part, the saved copy that had read the least is taken (every other
+    copy's routers have queued, by value, what the shards still need from the samples it had
+    read); each router's queues come from each shard's former owner.
     """
-    upstream = None
-    if routers:
-        if not saved_upstream:
-            raise LayoutError("the snapshot holds no state for the part above the sharding point")
-        first = routers[0]
-        base = min(saved_upstream, key=lambda u: int(u["routers"][first]["position"]))
-        owners: dict[int, Mapping[str, Any]] = {}
-        for candidate in saved_upstream:
-            for shard in candidate["shards"]:
-                owners[int(shard)] = candidate
-        merged = {}
-        for router in routers:
-            position = int(base["routers"][router]["position"])
-            behind = [u for u in saved_upstream if int(u["routers"][router]["position"]) < position]
-            if behind:
-                raise LayoutError(
-                    f"the sharding points of this graph were read unevenly ({router}); restore onto the "
-                    "same number of workers and ranks as when the snapshot was taken")
-            queues, nexts = {}, {}
-            for shard in shards:
-                owner = owners.get(int(shard))
-                if owner is None:
-                    raise LayoutError(f"the snapshot has no owner for logical shard {shard}")
-                state = owner["routers"][router]
-                nexts[shard] = int(state["next"][shard])
-                queues[shard] = [[i, x] for i, x in state["queues"][shard]]
-            kept = int(base["routers"][router]["kept"])
-            merged[router] = {"position": position, "kept": kept, "ended": bool(base["routers"][router]["ended"]),
-                              "next": nexts,
-                              "queues": {s: [e for e in q if int(e[0]) < kept] for s, q in queues.items()}}
-        upstream = {"nodes": base["nodes"], "routers": merged, "persistent": base.get("persistent", {})}
+    upstream: dict[str, Any] | None = None
+    if wanted:
+        upstream = {"nodes": {}, "routers": {}, "persistent": {}}
+        for routers, prefix in wanted:
+            _recombine_part(upstream, saved_upstream, shards, routers, prefix)
     return {"upstream": upstream, "shards": {s: saved_shards[s] for s in shards}}
+
+
+def _recombine_part(into: dict[str, Any], saved_upstream: Sequence[Mapping[str, Any]], shards: Sequence[int],
+                    routers: Sequence[str], prefix: frozenset[str]) -> None:
+    first = routers[0]
+    copies = [u for u in saved_upstream if first in u["routers"]]
+    if not copies:
+        raise LayoutError(f"the snapshot holds no state for the part of the graph above {first}")
+    base = min(copies, key=lambda u: int(u["routers"][first]["position"]))
+    owners: dict[int, Mapping[str, Any]] = {}
+    for candidate in copies:
+        for shard in candidate["shards"]:
+            owners[int(shard)] = candidate
+    for router in routers:
+        position = int(base["routers"][router]["position"])
+        behind = [u for u in copies if int(u["routers"][router]["position"]) < position]
+        if behind:
+            raise LayoutError(
+                f"the sharding points of this graph were read unevenly ({router}); restore onto the "
+                "same number of workers and ranks as when the snapshot was taken")
+        queues, nexts = {}, {}
+        for shard in shards:
+            owner = owners.get(int(shard))
+            if owner is None:
+                raise LayoutError(f"the snapshot has no owner for logical shard {shard}")
+            state = owner["routers"][router]
+            nexts[shard] = int(state["next"][shard])
+            queues[shard] = [[i, x] for i, x in state["queues"][shard]]
+        kept = int(base["routers"][router]["kept"])
+        into["routers"][router] = {"position": position, "kept": kept, "ended": bool(base["routers"][router]["ended"]),
+                                   "next": nexts,
+                                   "queues": {s: [e for e in q if int(e[0]) < kept] for s, q in queues.items()}}
+    into["nodes"].update({p: r for p, r in base["nodes"].items() if p in prefix})
+    into["persistent"].update({p: r for p, r in base.get("persistent", {}).items() if p in prefix})
 
 
 class RoundRobin(Iterator[Any]):

@@ -23,6 +23,7 @@ from snapshot.reading_service._engine import (
     RoundRobin,
     ShardEngine,
     merge_state_for,
+    parts,
     recombine,
     service_state,
 )
@@ -77,7 +78,7 @@ class LocalExecutor:
               strategy: RestoreStrategy = RestoreStrategy.AUTO) -> None:
         restore = None
         if state is not None:
-            restore = recombine(state["upstream"], state["shards"], self.shards, self.topology.routers)
+            restore = recombine(state["upstream"], state["shards"], self.shards, parts(self.topology))
         self.engine.start(seeds, restore, strategy)
 
     def fetch(self, shard: int) -> Any:

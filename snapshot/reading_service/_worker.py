@@ -13,6 +13,12 @@ Protocol (main -> worker, over ``requests``; every reply on ``results``):
 ``("stop",)``                              exit
 =========================================  ===============================================
 
+A graph with a dispatcher (``sharding_round_robin_dispatch``) runs the part above it in the
+main process. While producing a sample, a worker that needs that part's samples for a shard
+sends ``("need", tag, dispatcher, shard, read so far)`` and waits for ``("feed", tag,
+dispatcher, shard, samples, ended)`` (``samples`` is ``None`` if that part failed); other
+requests arriving meanwhile are queued, and a new epoch or a stop abandons the sample.
+
 Replies are pickled here (a sample that cannot be pickled becomes an ``error``) and sent in
 the order they were made, so a ``state`` reply follows every sample produced before it. A
 ``capture`` is served before the ``next`` requests queued ahead of it (those samples are
@@ -101,16 +107,39 @@ def _serve(requests: Connection, sender: transport.Sender, setup: bytes, parent:
     config = _serialization.loads(setup, what="worker set-up")
     template = config["graph"]
     graph = Graph(_serialization.loads_graph(template))
+    epoch = None
+    pending: deque[tuple[Any, ...]] = deque()
+
+    def fetch(router: str, shard: int, read: int) -> tuple[list[Any], bool]:
+        tag = epoch
+        _send(("need", tag, router, shard, read))
+        while True:
+            if not requests.poll(1.0):
+                if os.getppid() != parent:
+                    raise _Abandoned
+                continue
+            try:
+                message = pickle.loads(requests.recv_bytes())
+            except EOFError:
+                raise _Abandoned from None
+            if message[0] == "feed" and message[1] == tag and message[2] == router and message[3] == shard:
+                if message[4] is None:
+                    raise DispatchError("the part of the graph above the dispatcher failed in the main process")
+                return message[4], message[5]
+            if message[0] == "feed":
+                continue  # for an abandoned epoch
+            pending.append(message)
+            if message[0] in ("start", "restore", "stop"):
+                raise _Abandoned
+
     try:
         engine = ShardEngine(graph, lambda: _serialization.loads_graph(template),
                              analyze(graph).for_shards(config["count"]), config["count"],
                              config["shards"], worker=config["worker"], init_fn=config["init_fn"],
-                             global_rng=config["global_rng"], protect_caller_rng=False)
+                             global_rng=config["global_rng"], protect_caller_rng=False, remote=fetch)
     except BaseException as exc:  # noqa: BLE001 - reported to the main process, which raises it
         _send(("fatal", describe_error(exc)))
         return
-    epoch = None
-    pending: deque[tuple[Any, ...]] = deque()
     while True:
         if not pending and not requests.poll(1.0):
             if not _alive(parent):  # the main process is gone
@@ -132,6 +161,11 @@ def _serve(requests: Connection, sender: transport.Sender, setup: bytes, parent:
             except StopIteration:
                 _send(("end", tag, shard))
                 continue
+            except _Abandoned:
+                if os.getppid() != parent or not pending:
+                    return
+                epoch = None  # the epoch was abandoned: drop its remaining requests
+                continue
             except BaseException as exc:  # noqa: BLE001 - sent to the main process
                 _send(("error", tag, shard, describe_error(exc)))
                 continue
@@ -142,7 +176,7 @@ def _serve(requests: Connection, sender: transport.Sender, setup: bytes, parent:
                                   f"process: {type(exc).__name__}: {exc}")
                 _send(("error", tag, shard, describe_error(error)))
         elif kind in ("start", "restore"):
-            tag = message[1]
+            tag = epoch = message[1]  # a restore may already need the dispatcher's samples
             try:
                 seeds = EpochSeeds.from_state(message[2])
                 if kind == "start":
@@ -166,3 +200,11 @@ def _serve(requests: Connection, sender: transport.Sender, setup: bytes, parent:
         elif kind == "stop":
             engine.close()
             return
+
+
+class _Abandoned(BaseException):
+    """A sample waiting for the main process's dispatcher is abandoned (new epoch, stop, or no parent)."""
+
+
+class DispatchError(RuntimeError):
+    """Raised in a worker when the dispatching part of the graph failed (the main process has the error)."""

@@ -32,7 +32,8 @@ from snapshot.errors import LayoutError, SnapshotError, WorkerError
 from snapshot.graph import Graph
 from snapshot.randomness import EpochSeeds
 from snapshot.reading_service import _transport as transport
-from snapshot.reading_service._engine import GlobalRNG, recombine
+from snapshot.reading_service._dispatch import Dispatcher, DispatchFailed
+from snapshot.reading_service._engine import GlobalRNG, parts, recombine
 from snapshot.reading_service._sharded import Executor, LocalExecutor, ShardedService
 from snapshot.reading_service._worker import run_worker
 from snapshot.reading_service.base import ServiceState
@@ -86,9 +87,11 @@ class WorkerPool:
     """The worker processes of one loader, and the messages to and from them."""
 
     def __init__(self, *, context: Any, template: bytes, topology: Topology, count: int, shards: Sequence[int],
-                 num_workers: int, init_fn: Any, global_rng: GlobalRNG, timeout: float, prefetch: int):
+                 num_workers: int, init_fn: Any, global_rng: GlobalRNG, timeout: float, prefetch: int,
+                 dispatcher: Dispatcher | None = None):
         self.count = count
         self.topology = topology
+        self.dispatcher = dispatcher
         self.start_method = context.get_start_method()
         self.timeout = timeout
         self.prefetch = max(1, prefetch)
@@ -121,6 +124,7 @@ class WorkerPool:
         self._requested = {s: 0 for s in self.owner}
         self._closed = {s: False for s in self.owner}
         self._control: dict[int, deque[tuple[Any, ...]]] = {}
+        self._cut: dict[int, int] = {}
 
     # -- receiving --------------------------------------------------------------------------
 
@@ -135,11 +139,15 @@ class WorkerPool:
                     f"while the loader waited for {waiting_for}: it is stuck (a hung read, a deadlock in "
                     "the graph's code?). The loader was stopped. Raise timeout= if one sample can take "
                     "that long.")
-            ready = wait([worker.results, worker.process.sentinel], timeout=min(remaining, 1.0))
+            others = [w.results for w in self.workers if w is not worker] if self.dispatcher is not None else []
+            ready = wait([worker.results, worker.process.sentinel, *others], timeout=min(remaining, 1.0))
             if worker.results in ready:
                 break
             if worker.process.sentinel in ready:
                 raise self._died(worker, waiting_for)
+            for other in self.workers:  # a worker may be waiting for the dispatcher: serve it
+                if other.results in ready:
+                    self._receive(other, waiting_for)
         try:
             message = transport.receive(worker.results)
         except (EOFError, OSError) as exc:
@@ -161,8 +169,34 @@ class WorkerPool:
                 self._buffers[shard].append((_END, None) if kind == "end" else (_ERROR, message[3]))
         elif kind == "fatal":
             raise self._error(message[1], worker, "while starting")
+        elif kind == "need":
+            self._feed(worker, *message[1:])
         else:
+            if kind == "state":  # the samples received so far are the ones produced before it
+                self._cut.update({s: len(self._buffers[s]) for s in worker.shards})
             self._control.setdefault(worker.index, deque()).append(message)
+
+    def _feed(self, worker: _Worker, tag: int, router: str, shard: int, _read: int) -> None:
+        """Answer a worker's request for a dispatcher's samples (``read``: how many it has)."""
+        if tag != self._tag or self.dispatcher is None:
+            return  # from an abandoned epoch: the worker drops that sample
+        try:
+            items, ended = self.dispatcher.feed(router, shard)
+        except DispatchFailed:
+            worker.send(("feed", tag, router, shard, None, True))
+            return
+        worker.send(("feed", tag, router, shard, items, ended))
+
+    def _shard_error(self, error: dict[str, Any], worker: _Worker, shard: int) -> BaseException:
+        failure = self.dispatcher.failure if self.dispatcher is not None else None
+        if failure is None:
+            return self._error(error, worker, f"in logical shard {shard}")
+        exc, node = failure
+        note = (f"Caught {type(exc).__name__} in dispatching process (the main process runs the part of the "
+                f"graph above sharding_round_robin_dispatch), raised by the DataPipe at {node}")
+        if hasattr(exc, "add_note"):
+            exc.add_note(note)
+        return exc
 
     def _died(self, worker: _Worker, waiting_for: str) -> WorkerError:
         worker.process.join(1)
@@ -224,11 +258,14 @@ class WorkerPool:
         """Start an epoch in every worker (or put each back from the saved service ``state``)."""
         self._tag += 1
         self._reset_buffers()
+        if self.dispatcher is not None:
+            self.dispatcher.start(seeds, state, strategy)
         for worker in self.workers:
             if state is None:
                 worker.send(("start", self._tag, seeds.state()))
             else:
-                mine = recombine(state["upstream"], state["shards"], worker.shards, self.topology.routers)
+                mine = recombine(state["upstream"], state["shards"], worker.shards,
+                                 parts(self.topology, dispatchers=False))
                 payload = _serialization.dumps(mine, what="restore state")
                 worker.send(("restore", self._tag, seeds.state(), payload, strategy.value))
         for worker in self.workers:
@@ -253,7 +290,7 @@ class WorkerPool:
             return payload
         if kind == _END:
             raise StopIteration
-        raise self._error(payload, worker, f"in logical shard {shard}")
+        raise self._shard_error(payload, worker, shard)
 
     def capture(self) -> tuple[list[dict[str, Any]], dict[int, list[Any]]]:
         """Every worker's engine state, and per shard the samples received but not yet taken.
@@ -262,25 +299,34 @@ class WorkerPool:
         them before asking for more.
         """
         tag = self._tag
+        if self.dispatcher is not None:
+            self.dispatcher.hold()
         for worker in self.workers:
             worker.send(("capture", tag))
         states = []
         for worker in self.workers:
             message = self._await(worker, tag, "taking a snapshot")
             states.append(_serialization.loads(message[2], what="worker state"))
+        if self.dispatcher is not None:
+            read = {int(s): r for state in states for s, r in state["shards"].items()}
+            states.append({"upstream": self.dispatcher.capture(read), "shards": {}})
         pending = {}
         for shard, buffer in self._buffers.items():
-            for kind, payload in buffer:
+            cut = self._cut.pop(shard, len(buffer))  # later samples were produced after the worker's state
+            before = list(buffer)[:cut]
+            for kind, payload in before:
                 if kind == _ERROR:
-                    raise self._error(payload, self.workers[self.owner[shard]], f"in logical shard {shard}")
-            pending[shard] = [payload for kind, payload in buffer if kind == _ITEM]
-            self._buffers[shard] = deque(entry for entry in buffer if entry[0] != _ITEM)
+                    raise self._shard_error(payload, self.workers[self.owner[shard]], shard)
+            pending[shard] = [payload for kind, payload in before if kind == _ITEM]
+            self._buffers[shard] = deque([entry for entry in before if entry[0] != _ITEM] + list(buffer)[cut:])
         return states, pending
 
     def close(self) -> None:
         self.shutdown()
 
     def shutdown(self) -> None:
+        if self.dispatcher is not None:
+            self.dispatcher.close()
         for worker in self.workers:
             worker.send(("stop",))
         deadline = time.monotonic() + 2
@@ -411,9 +457,11 @@ class MultiProcessingReadingService(ShardedService):
                 f"{workers} workers cannot share {len(shards)} logical shard(s): each shard runs in one worker. "
                 f"Use num_workers <= {len(shards)}, or (on a first run) logical_shards >= num_workers.")
         self._running = workers
+        dispatcher = Dispatcher(graph, topology, count, shards) if topology.dispatchers else None
         return WorkerPool(context=self._context(), template=template, topology=topology, count=count,
                           shards=shards, num_workers=workers, init_fn=self.worker_init_fn,
-                          global_rng=self.global_rng, timeout=self.timeout, prefetch=self.prefetch_factor)
+                          global_rng=self.global_rng, timeout=self.timeout, prefetch=self.prefetch_factor,
+                          dispatcher=dispatcher)
 
     def _layout(self) -> dict[str, Any]:
         assignment = {str(s): i % max(self._running, 1) for i, s in enumerate(self._owned)}

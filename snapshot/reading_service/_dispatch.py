@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from snapshot.errors import ExecutionError
 from snapshot.execution import Run, capture_persistent
 from snapshot.graph import Graph
 from snapshot.randomness import EpochSeeds
@@ -60,11 +61,12 @@ class Dispatcher:
         self._holding = False
         self.failure = None
 
-    def feed(self, router: str, shard: int) -> tuple[list[Any], bool]:
+    def feed(self, router: str, shard: int, read: int) -> tuple[list[Any], bool]:
         """The next samples of ``shard`` from ``router``, and whether the shard ends after them.
 
-        The worker asks only once it has read everything sent before, so the record of what
-        was sent starts over (unless a snapshot is being composed, which still needs it).
+        The worker asks only once it has read everything sent before (``read`` samples), so
+        the record of what was sent starts over (unless a snapshot is being composed, which
+        still needs it).
         """
         source = self._routers[router]
         limit = self.chunk
@@ -80,10 +82,19 @@ class Dispatcher:
         try:
             while len(items) < limit:
                 item = source.next_for(shard)
-                sent.append((source.next_index[shard] - self.count, item))
+                index = source.next_index[shard] - self.count
+                if not items and index != shard + read * self.count:
+                    raise ExecutionError(
+                        f"logical shard {shard} has read {read} samples from the dispatcher at {router}, but its "
+                        f"next sample would be sample {index} of the dispatched stream (expected "
+                        f"{shard + read * self.count}): the loader stopped rather than yield a wrong stream. "
+                        "Please report this with the snapshot you restored from, if any.")
+                sent.append((index, item))
                 items.append(item)
         except StopIteration:
             ended = True
+        except ExecutionError:
+            raise
         except Exception as exc:  # kept, to raise in order when the loader reaches it
             node = getattr(exc, "_snapshot_node", None) or self.graph[router].inputs[0]
             self.failure = (exc, node)

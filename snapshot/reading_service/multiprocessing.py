@@ -4,7 +4,9 @@ The graph is cut into L logical shards at its sharding point (see :mod:`snapshot
 worker w owns shards w, w + W, w + 2W, ... and runs one copy of the part above the sharding
 point plus one copy of the part below it per owned shard. The main process takes samples from
 the shards in a fixed round-robin order, so for a fixed seed and L the stream is the same
-in-process and with any number of workers up to L.
+in-process and with any number of workers up to L. The part above a
+``sharding_round_robin_dispatch`` is not copied: it runs once, in the main process, which
+deals its samples to the workers' shards (see :mod:`._dispatch`).
 
 A snapshot is exact while workers run ahead: each worker reports its state between two
 samples (it is paused only for that), and the samples it had produced that the loader has
@@ -176,12 +178,12 @@ class WorkerPool:
                 self._cut.update({s: len(self._buffers[s]) for s in worker.shards})
             self._control.setdefault(worker.index, deque()).append(message)
 
-    def _feed(self, worker: _Worker, tag: int, router: str, shard: int, _read: int) -> None:
+    def _feed(self, worker: _Worker, tag: int, router: str, shard: int, read: int) -> None:
         """Answer a worker's request for a dispatcher's samples (``read``: how many it has)."""
         if tag != self._tag or self.dispatcher is None:
             return  # from an abandoned epoch: the worker drops that sample
         try:
-            items, ended = self.dispatcher.feed(router, shard)
+            items, ended = self.dispatcher.feed(router, shard, read)
         except DispatchFailed:
             worker.send(("feed", tag, router, shard, None, True))
             return

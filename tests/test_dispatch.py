@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import random
 import subprocess
 import sys
 from typing import Any
@@ -172,6 +173,35 @@ def test_a_snapshot_counts_the_samples_dealt_but_not_read() -> None:
     with snapshot.DataLoader2(dispatched(), reading_service=InProcessReadingService(logical_shards=2)) as loader:
         loader.restore_snapshot(snap)
         assert head + list(loader) == reference
+
+
+def _jitter(x: int) -> tuple[int, float]:
+    return x, random.random()
+
+
+def jittered(n: int = 24) -> Any:
+    """The part above the dispatcher draws from the global ``random`` generator."""
+    return Batcher(Mapper(Dispatcher(Mapper(IterableWrapper(range(n)), _jitter), MP), _with_pid), batch_size=2)
+
+
+def _values(epochs: list[list[Any]]) -> list[list[Any]]:
+    return [[[x for x, _ in batch] for batch in epoch] for epoch in epochs]
+
+
+def test_the_dispatching_part_has_its_own_generators_and_restores_them() -> None:
+    state = random.getstate()
+    reference = run(jittered, workers(2), epochs=2)
+    assert random.getstate() == state  # the caller's generator is left alone
+    assert _values(run(jittered, workers(2), epochs=2)) == _values(reference)
+    with snapshot.DataLoader2(jittered(), reading_service=workers(2)()) as loader:
+        loader.seed(3)
+        it = iter(loader)
+        head = [next(it) for _ in range(5)]
+        snap = loader.save_snapshot()
+    with snapshot.DataLoader2(jittered(), reading_service=workers(2)()) as loader:
+        loader.restore_snapshot(snap)
+        rest = [list(loader), list(loader)]
+    assert _values([head + rest[0], rest[1]]) == _values(reference)
 
 
 def _fails_at_five(x: int) -> int:

@@ -9,7 +9,8 @@ and says how many that shard has read so far.
 A snapshot of this part holds its node states, the dealing position, and per shard the
 samples dealt but not yet read by the shard as the workers' own states count them: those
 sent to a worker after it reported its state, and those not sent yet. So it restores onto
-any number of workers, or in-process.
+any number of workers, or in-process. With ``GlobalRNG.ISOLATE`` the part draws from
+``random``/``numpy``/``torch`` generator states of its own (saved too), not the caller's.
 """
 
 from __future__ import annotations
@@ -22,18 +23,35 @@ from snapshot.errors import ExecutionError
 from snapshot.execution import Run, capture_persistent
 from snapshot.graph import Graph
 from snapshot.randomness import EpochSeeds
-from snapshot.reading_service._engine import Router, parts, recombine, restore_plans, start_upstream
+from snapshot.reading_service._engine import (
+    GlobalRNG,
+    Router,
+    parts,
+    plain_rng,
+    raw_from_plain,
+    raw_rng,
+    recombine,
+    restore_plans,
+    seeded_rng,
+    set_raw_rng,
+    start_upstream,
+)
 from snapshot.restore import RestoreStrategy
 from snapshot.sharding import Topology
 
 __all__ = ["DispatchFailed", "Dispatcher"]
 
+_RNG_SALT = 0x5EED_D15A_7C4E  # the part's generators are seeded apart from logical shard 0's
+
 
 class Dispatcher:
     """Runs the part above the dispatchers of ``topology`` for ``shards`` of ``count``."""
 
-    def __init__(self, graph: Graph, topology: Topology, count: int, shards: Sequence[int], *, chunk: int = 8):
+    def __init__(self, graph: Graph, topology: Topology, count: int, shards: Sequence[int], *, chunk: int = 8,
+                 global_rng: GlobalRNG = GlobalRNG.ISOLATE):
         self.graph = graph
+        self.isolate = GlobalRNG(global_rng) is GlobalRNG.ISOLATE
+        self._rng: Any = None
         self.topology = topology
         self.count = count
         self.shards = list(shards)
@@ -55,8 +73,16 @@ class Dispatcher:
             saved = mine["upstream"]
             records = {s: r for s, r in mine["shards"].items() if r is not None}
             _, replayed = restore_plans({s: self.graph for s in self.shards}, self.topology, records, strategy)
-        self._run, self._routers = start_upstream(self.graph, self.topology.dispatchers, self.topology.dispatched,
-                                                  self.count, self.shards, seeds, saved, replayed, strategy)
+        caller = raw_rng() if self.isolate else None
+        try:  # a replay while restoring must not draw from the caller's generators either
+            self._run, self._routers = start_upstream(self.graph, self.topology.dispatchers, self.topology.dispatched,
+                                                      self.count, self.shards, seeds, saved, replayed, strategy)
+        finally:
+            if caller is not None:
+                set_raw_rng(caller)
+        if self.isolate:  # the part's own random/numpy/torch generator states, saved in snapshots
+            plain = (saved or {}).get("rng")
+            self._rng = raw_from_plain(plain) if plain else seeded_rng(seeds.rng[0] ^ _RNG_SALT)
         self._sent = {(r, s): deque() for r in self._routers for s in self.shards}
         self._holding = False
         self.failure = None
@@ -79,6 +105,10 @@ class Dispatcher:
             sent.clear()
         items: list[Any] = []
         ended = False
+        caller = None
+        if self.isolate:
+            caller = raw_rng()
+            set_raw_rng(self._rng)
         try:
             while len(items) < limit:
                 item = source.next_for(shard)
@@ -100,6 +130,10 @@ class Dispatcher:
             self.failure = (exc, node)
             if not items:
                 raise DispatchFailed(node) from exc
+        finally:
+            if caller is not None:
+                self._rng = raw_rng()
+                set_raw_rng(caller)
         return items, ended
 
     def hold(self) -> None:
@@ -124,7 +158,7 @@ class Dispatcher:
         self._holding = False
         persistent = {p: s for p, s in capture_persistent(self.graph).items() if p in self.topology.dispatched}
         return {"shards": list(self.shards), "nodes": self._run.capture(), "routers": routers,
-                "persistent": persistent}
+                "persistent": persistent, "rng": plain_rng(self._rng) if self.isolate else None}
 
     def close(self) -> None:
         if self._run is not None:

@@ -37,7 +37,8 @@ except ImportError:  # pragma: no cover - numpy is optional
     numpy = None  # type: ignore[assignment]
 
 __all__ = ["GlobalRNG", "RemoteRouter", "RoundRobin", "Router", "ShardEngine", "merge_state_for", "owners",
-           "parts", "recombine", "restore_plans", "service_state", "start_upstream"]
+           "parts", "plain_rng", "raw_from_plain", "raw_rng", "recombine", "restore_plans", "seeded_rng",
+           "service_state", "set_raw_rng", "start_upstream"]
 
 
 class GlobalRNG(str, enum.Enum):
@@ -175,19 +176,19 @@ class RemoteRouter:
 _RawRNG = tuple[Any, Any, Any]
 
 
-def _raw_rng() -> _RawRNG:
+def raw_rng() -> _RawRNG:
     return (random.getstate(), torch.get_rng_state(),
             numpy.random.get_state() if numpy is not None else None)
 
 
-def _set_raw_rng(raw: _RawRNG) -> None:
+def set_raw_rng(raw: _RawRNG) -> None:
     random.setstate(raw[0])
     torch.set_rng_state(raw[1])
     if numpy is not None and raw[2] is not None:
         numpy.random.set_state(raw[2])
 
 
-def _plain_rng(raw: _RawRNG) -> dict[str, Any]:
+def plain_rng(raw: _RawRNG) -> dict[str, Any]:
     """A raw state as plain data (lists, bytes) for a snapshot."""
     version, internal, gauss = raw[0]
     state: dict[str, Any] = {"random": [version, list(internal), gauss], "torch": raw[1].numpy().tobytes()}
@@ -197,7 +198,7 @@ def _plain_rng(raw: _RawRNG) -> dict[str, Any]:
     return state
 
 
-def _raw_from_plain(state: Mapping[str, Any]) -> _RawRNG:
+def raw_from_plain(state: Mapping[str, Any]) -> _RawRNG:
     version, internal, gauss = state["random"]
     numpy_state = None
     if numpy is not None and "numpy" in state:
@@ -207,14 +208,14 @@ def _raw_from_plain(state: Mapping[str, Any]) -> _RawRNG:
             numpy_state)
 
 
-def _seeded_rng(seed: int) -> _RawRNG:
-    saved = _raw_rng()
+def seeded_rng(seed: int) -> _RawRNG:
+    saved = raw_rng()
     random.seed(seed)
     torch.manual_seed(seed)
     if numpy is not None:
         numpy.random.seed(seed % 2**32)
-    state = _raw_rng()
-    _set_raw_rng(saved)
+    state = raw_rng()
+    set_raw_rng(saved)
     return state
 
 
@@ -238,25 +239,25 @@ class _ShardRNG:
         if not self.enabled or self.active == shard:
             return
         if self.active is not None:
-            self.states[self.active] = _raw_rng()
+            self.states[self.active] = raw_rng()
         elif self.protect_caller:
-            self._caller = _raw_rng()
-        _set_raw_rng(self.states[shard])
+            self._caller = raw_rng()
+        set_raw_rng(self.states[shard])
         self.active = shard
 
     def leave(self) -> None:
         if not self.enabled or not self.protect_caller or self.active is None:
             return
-        self.states[self.active] = _raw_rng()
+        self.states[self.active] = raw_rng()
         if self._caller is not None:
-            _set_raw_rng(self._caller)
+            set_raw_rng(self._caller)
         self.active, self._caller = None, None
 
     def state(self, shard: int) -> dict[str, Any] | None:
         if not self.enabled:
             return None
-        raw = _raw_rng() if self.active == shard else self.states.get(shard)
-        return _plain_rng(raw) if raw is not None else None
+        raw = raw_rng() if self.active == shard else self.states.get(shard)
+        return plain_rng(raw) if raw is not None else None
 
 
 def restore_plans(graphs: Mapping[int, Graph], topology: Topology, saved: Mapping[int, Any],
@@ -382,7 +383,7 @@ class ShardEngine:
             saved = shard_states.get(shard)
             if self._rng.enabled:
                 plain = (saved or {}).get("rng")
-                rng_states[shard] = _raw_from_plain(plain) if plain else _seeded_rng(seeds.rng[shard])
+                rng_states[shard] = raw_from_plain(plain) if plain else seeded_rng(seeds.rng[shard])
             self._runs[shard] = self._shard_run(shard, seeds, saved, plans.get(shard), shard in replayed)
         self._rng.reset(rng_states)
 
@@ -510,6 +511,8 @@ def _recombine_part(into: dict[str, Any], saved_upstream: Sequence[Mapping[str, 
         into["routers"][router] = {"position": position, "kept": kept, "ended": bool(base["routers"][router]["ended"]),
                                    "next": nexts,
                                    "queues": {s: [e for e in q if int(e[0]) < kept] for s, q in queues.items()}}
+    if base.get("rng") is not None:  # the dispatching part's own generator states
+        into["rng"] = base["rng"]
     into["nodes"].update({p: r for p, r in base["nodes"].items() if p in prefix})
     into["persistent"].update({p: r for p, r in base.get("persistent", {}).items() if p in prefix})
 

@@ -459,7 +459,8 @@ class MultiProcessingReadingService(ShardedService):
                 f"{workers} workers cannot share {len(shards)} logical shard(s): each shard runs in one worker. "
                 f"Use num_workers <= {len(shards)}, or (on a first run) logical_shards >= num_workers.")
         self._running = workers
-        dispatcher = Dispatcher(graph, topology, count, shards) if topology.dispatchers else None
+        dispatcher = Dispatcher(graph, topology, count, shards, global_rng=self.global_rng) \
+            if topology.dispatchers else None
         return WorkerPool(context=self._context(), template=template, topology=topology, count=count,
                           shards=shards, num_workers=workers, init_fn=self.worker_init_fn,
                           global_rng=self.global_rng, timeout=self.timeout, prefetch=self.prefetch_factor,

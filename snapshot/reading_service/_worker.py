@@ -115,7 +115,7 @@ def _serve(requests: Connection, sender: transport.Sender, setup: bytes, parent:
         _send(("need", tag, router, shard, read))
         while True:
             if not requests.poll(1.0):
-                if os.getppid() != parent:
+                if not _alive(parent):
                     raise _Abandoned
                 continue
             try:
@@ -162,7 +162,7 @@ def _serve(requests: Connection, sender: transport.Sender, setup: bytes, parent:
                 _send(("end", tag, shard))
                 continue
             except _Abandoned:
-                if os.getppid() != parent or not pending:
+                if not pending or not _alive(parent):
                     return
                 epoch = None  # the epoch was abandoned: drop its remaining requests
                 continue

@@ -22,6 +22,7 @@ import pickle
 import signal
 import sys
 import time
+import traceback
 import warnings
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -68,6 +69,20 @@ def _widen(connection: Connection) -> None:
         fcntl.fcntl(connection.fileno(), 1031, min(size, 8 << 20))  # F_SETPIPE_SZ
     except (ImportError, OSError, ValueError):
         pass
+
+
+def _with_message(exc: BaseException, message: str) -> BaseException:
+    """``exc``'s type with ``message``, as torch's ExceptionWrapper does (or ``exc`` with it as a note)."""
+    try:
+        wrapped = type(exc)(message)
+    except Exception:  # noqa: BLE001 - a constructor that wants other arguments
+        wrapped = None
+    if wrapped is None or str(wrapped) != message:
+        if hasattr(exc, "add_note"):
+            exc.add_note(message)
+        return exc
+    wrapped.__dict__.update(vars(exc))
+    return wrapped
 
 
 class _Worker:
@@ -193,12 +208,10 @@ class WorkerPool:
         failure = self.dispatcher.failure if self.dispatcher is not None else None
         if failure is None:
             return self._error(error, worker, f"in logical shard {shard}")
-        exc, node = failure
-        note = (f"Caught {type(exc).__name__} in dispatching process (the main process runs the part of the "
-                f"graph above sharding_round_robin_dispatch), raised by the DataPipe at {node}")
-        if hasattr(exc, "add_note"):
-            exc.add_note(note)
-        return exc
+        exc, node = failure  # raised here, in the main process, by the part above the dispatcher
+        message = (f"Caught {type(exc).__name__} in dispatching process (the main process, pid {os.getpid()}, "
+                   f"by the DataPipe at {node}).\nOriginal {''.join(traceback.format_exception(exc))}")
+        return _with_message(exc, message)
 
     def _died(self, worker: _Worker, waiting_for: str) -> WorkerError:
         worker.process.join(1)
@@ -242,16 +255,7 @@ class WorkerPool:
                 exc = None
         if exc is None:
             return WorkerError(message)
-        try:  # the same type with the new message, as torch's ExceptionWrapper does
-            wrapped = type(exc)(message)
-        except Exception:  # noqa: BLE001 - a constructor that wants other arguments
-            wrapped = None
-        if wrapped is None or str(wrapped) != message:
-            if hasattr(exc, "add_note"):
-                exc.add_note(message)
-            return exc
-        wrapped.__dict__.update(vars(exc))
-        return wrapped
+        return _with_message(exc, message)
 
     # -- epochs -----------------------------------------------------------------------------
 

@@ -210,9 +210,10 @@ def _fails_at_five(x: int) -> int:
     return x
 
 
-def test_an_error_above_the_dispatcher_is_raised_in_order() -> None:
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_an_error_above_the_dispatcher_is_raised_in_order(num_workers: int) -> None:
     graph = Mapper(Dispatcher(Mapper(IterableWrapper(range(20)), _fails_at_five), MP), _times_ten)
-    with snapshot.DataLoader2(graph, reading_service=Workers(2, timeout=60)) as loader:
+    with snapshot.DataLoader2(graph, reading_service=Workers(num_workers, timeout=60)) as loader:
         got = []
         with pytest.raises(ValueError, match="bad sample 5") as info:
             for x in loader:

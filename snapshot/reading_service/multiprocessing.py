@@ -41,7 +41,7 @@ from snapshot.reading_service._sharded import Executor, LocalExecutor, ShardedSe
 from snapshot.reading_service._worker import run_worker
 from snapshot.reading_service.base import ServiceState
 from snapshot.restore import RestoreStrategy
-from snapshot.sharding import Topology, WorkerInfo
+from snapshot.sharding import Topology, WorkerInfo, analyze
 
 __all__ = ["MultiProcessingReadingService"]
 
@@ -105,10 +105,11 @@ class WorkerPool:
 
     def __init__(self, *, context: Any, template: bytes, topology: Topology, count: int, shards: Sequence[int],
                  num_workers: int, init_fn: Any, global_rng: GlobalRNG, timeout: float, prefetch: int,
-                 dispatcher: Dispatcher | None = None):
+                 dispatcher: Dispatcher | None = None, dispatched: frozenset[str] = frozenset()):
         self.count = count
         self.topology = topology
         self.dispatcher = dispatcher
+        self.dispatched = dispatched  # the part above a dispatcher (in a worker when there is one shard)
         self.start_method = context.get_start_method()
         self.timeout = timeout
         self.prefetch = max(1, prefetch)
@@ -242,7 +243,8 @@ class WorkerPool:
         "Caught <Type> in worker process N" (or "in dispatching process" for the part above a
         dispatcher), then our place and node path, then the original traceback."""
         node = error.get("node")
-        dispatching = node is not None and node in self.topology.upstream and bool(self.topology.routers)
+        dispatching = node is not None and (node in self.dispatched
+                                            or node in self.topology.upstream and bool(self.topology.routers))
         process = "in dispatching process" if dispatching else f"in worker process {worker.index}"
         short = error["type"].rsplit(".", 1)[-1]
         detail = f"pid {worker.process.pid}, {where}" + (f", by the DataPipe at {node}" if node else "")
@@ -468,7 +470,7 @@ class MultiProcessingReadingService(ShardedService):
         return WorkerPool(context=self._context(), template=template, topology=topology, count=count,
                           shards=shards, num_workers=workers, init_fn=self.worker_init_fn,
                           global_rng=self.global_rng, timeout=self.timeout, prefetch=self.prefetch_factor,
-                          dispatcher=dispatcher)
+                          dispatcher=dispatcher, dispatched=analyze(graph).dispatched)
 
     def _layout(self) -> dict[str, Any]:
         assignment = {str(s): i % max(self._running, 1) for i, s in enumerate(self._owned)}

@@ -137,12 +137,14 @@ def test_supported_pipes_resume_exactly(name: str, service: str, data_dir: str) 
     factory = _with_data(_factories()[name], data_dir)
     if service == "in_process":
         with snapshot.DataLoader2(factory()) as loader:
+            loader.seed(0)  # the harness's seed: a shuffle before a grouper changes the epoch's length
             length = len(list(loader))
         cuts = [Cut(0, 1), Cut(0, length // 2), Cut(0, length, finished=True), Cut(1, length // 3)]
         assert_resumes_exactly(factory, epochs=2, cuts=cuts, strategies=("auto",), via_file=False)
     else:
         sharded = functools.partial(_sharded_at_sink, factory)
         with snapshot.DataLoader2(sharded(), reading_service=_two_workers()) as loader:
+            loader.seed(0)
             length = len(list(loader))
         cuts = [Cut(0, length // 2), Cut(0, length, finished=True)]
         assert_resumes_exactly(sharded, reading_service=_two_workers, epochs=2, cuts=cuts, strategies=("auto",),

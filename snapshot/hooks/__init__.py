@@ -20,6 +20,7 @@ plan fast-forwards the smallest part of the graph that contains it. See
 """
 
 from snapshot.hooks._base import ResumableIterator, Stateless
+from snapshot.hooks._install import install as _install
 from snapshot.hooks._registry import (
     StateHook,
     hook_for,
@@ -28,6 +29,8 @@ from snapshot.hooks._registry import (
     register_state_hook,
     registered_types,
 )
+
+_install()
 
 __all__ = [
     "ResumableIterator",

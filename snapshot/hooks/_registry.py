@@ -10,19 +10,23 @@ Two kinds of hook:
 A DataPipe that defines ``state_dict()`` and ``load_state_dict(state)`` methods itself (the
 torchdata ``Stateful`` protocol) needs no registration. A registered iterator hook also
 covers subclasses that do not override ``__iter__``, ``__next__`` or ``reset``.
+
+This module imports no hook: :mod:`snapshot.hooks._install` registers the built-in tables
+(``snapshot.hooks.builtin``), and :func:`register_lazy` loads a third-party package's table
+the first time one of its classes is looked up. So imports point one way: the built-in
+modules may use the registry, the registry never imports them.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from snapshot.hooks._base import ResumableIterator
 
-__all__ = ["StateHook", "hook_for", "hook_for_class", "refusal_condition", "refusal_for", "register_refusal",
-           "register_state_hook", "registered_types"]
+__all__ = ["StateHook", "hook_for", "hook_for_class", "refusal_condition", "refusal_for", "register_lazy",
+           "register_refusal", "register_state_hook", "registered_types"]
 
 #: Methods through which a pipe yields: a subclass that overrides one does not inherit a hook.
 _BEHAVIOUR = ("__iter__", "__next__", "reset", "get_next_element_by_instance")
@@ -44,10 +48,9 @@ class StateHook:
 _HOOKS: dict[type, StateHook] = {}
 #: Per class, a function that says why an instance cannot be snapshotted at all (or ``None``).
 _REFUSALS: dict[type, tuple[Callable[[Any], str | None], str]] = {}
-#: Modules that register hooks for a third-party package, imported on first use.
-_LAZY_MODULES = {"torchdata": "snapshot.hooks.builtin.torchdata"}
+#: Per top-level package, a function that registers its hooks, called on first use.
+_LAZY: dict[str, Callable[[], None]] = {}
 _loaded_lazy: set[str] = set()
-_builtins_loaded = False
 
 
 def register_state_hook(
@@ -92,7 +95,6 @@ def register_state_hook(
         raise TypeError(f"iterator must be a ResumableIterator subclass, got {iterator!r}")
     if iterator is None and (state_dict is None or load_state_dict is None):
         raise TypeError("an object hook needs both state_dict=... and load_state_dict=...")
-    _load_builtins()
     if cls in _HOOKS and not replace:
         raise ValueError(
             f"{cls.__module__}.{cls.__qualname__} already has a state hook; pass replace=True "
@@ -101,19 +103,17 @@ def register_state_hook(
     _HOOKS[cls] = StateHook(iterator, state_dict, load_state_dict)
 
 
-def _load_builtins() -> None:
-    global _builtins_loaded
-    if not _builtins_loaded:
-        _builtins_loaded = True
-        importlib.import_module("snapshot.hooks.builtin")
+def register_lazy(package: str, load: Callable[[], None]) -> None:
+    """Call ``load()`` (which registers hooks) the first time a class of ``package`` is looked up."""
+    _LAZY[package] = load
 
 
 def _load_lazy(cls: type) -> None:
     package = cls.__module__.split(".", 1)[0]
-    module = _LAZY_MODULES.get(package)
-    if module is not None and package not in _loaded_lazy:
+    load = _LAZY.get(package)
+    if load is not None and package not in _loaded_lazy:
         _loaded_lazy.add(package)
-        importlib.import_module(module)
+        load()
 
 
 def _defines_behaviour(cls: type, upto: type) -> bool:
@@ -135,7 +135,6 @@ def hook_for(datapipe: Any) -> StateHook | None:
 
 def hook_for_class(cls: type) -> StateHook | None:
     """The hook registered for ``cls``, or inherited by it (without looking at an instance)."""
-    _load_builtins()
     hook = _HOOKS.get(cls)
     if hook is None:
         _load_lazy(cls)
@@ -167,7 +166,6 @@ def register_refusal(cls: type, reason: Callable[[Any], str | None], *, when: st
 
 def refusal_for(datapipe: Any) -> str | None:
     """Why ``datapipe`` cannot be snapshotted, or ``None`` when it can."""
-    _load_builtins()
     cls = type(datapipe)
     _load_lazy(cls)
     for klass in cls.__mro__:
@@ -179,7 +177,6 @@ def refusal_for(datapipe: Any) -> str | None:
 
 def refusal_condition(cls: type) -> str | None:
     """Which instances of ``cls`` are refused (``register_refusal``'s ``when``), or ``None``."""
-    _load_builtins()
     _load_lazy(cls)
     for klass in cls.__mro__:
         refusal = _REFUSALS.get(klass)
@@ -189,6 +186,5 @@ def refusal_condition(cls: type) -> str | None:
 
 
 def registered_types() -> list[type]:
-    """Every class with an explicitly registered hook."""
-    _load_builtins()
+    """Every class with an explicitly registered hook (third-party tables once loaded)."""
     return list(_HOOKS)

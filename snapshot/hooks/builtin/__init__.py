@@ -1,8 +1,15 @@
 """State hooks for every DataPipe in ``torch.utils.data.datapipes.iter``.
 
-Each module holds the resumable iterators of one family of pipes; importing this package
-registers them. torchdata's pipes are covered by :mod:`.torchdata`, loaded on first use.
+Each module holds the resumable iterators of one family of pipes; this package lists them
+in two tables, :data:`BUILTIN_HOOKS` and :data:`REFUSALS`, which :mod:`snapshot.hooks._install`
+registers. torchdata's pipes are covered by :mod:`.torchdata` (tables of the same names),
+registered on first use.
 """
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 from torch.utils.data.datapipes.iter import (
     Batcher,
@@ -29,7 +36,7 @@ from torch.utils.data.datapipes.iter.combining import (
     _ForkerIterDataPipe,
 )
 
-from snapshot.hooks._registry import register_refusal, register_state_hook
+from snapshot.hooks._base import ResumableIterator
 from snapshot.hooks.builtin.callable import FilterIterator, MapperIterator, RoutedDecoderIterator
 from snapshot.hooks.builtin.combining import (
     ChildIterator,
@@ -45,7 +52,7 @@ from snapshot.hooks.builtin.sharding import ShardingFilterIterator
 from snapshot.hooks.builtin.shuffle import ShufflerIterator
 from snapshot.hooks.builtin.sources import IterableWrapperIterator, SamplerIterator
 
-BUILTIN_HOOKS = {
+BUILTIN_HOOKS: dict[type, type[ResumableIterator]] = {
     IterableWrapper: IterableWrapperIterator,
     Sampler: SamplerIterator,
     Mapper: MapperIterator,
@@ -68,10 +75,6 @@ BUILTIN_HOOKS = {
     StreamReader: StreamReaderIterator,
 }
 
-for _cls, _iterator in BUILTIN_HOOKS.items():
-    register_state_hook(_cls, _iterator, replace=True)
-
-
 def _random_sampler(datapipe: Sampler) -> str | None:
     if not hasattr(datapipe.sampler, "generator"):
         return None
@@ -80,4 +83,7 @@ def _random_sampler(datapipe: Sampler) -> str | None:
             "the loader) over a sequential Sampler instead")
 
 
-register_refusal(Sampler, _random_sampler, when="its sampler has a generator (RandomSampler, ...)")
+#: Per class: why an instance cannot be snapshotted (or ``None``), and which instances that is.
+REFUSALS: dict[type, tuple[Callable[[Any], str | None], str]] = {
+    Sampler: (_random_sampler, "its sampler has a generator (RandomSampler, ...)"),
+}

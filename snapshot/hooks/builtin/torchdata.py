@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import sys
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch.utils.data.datapipes.datapipe import DataChunk
@@ -37,7 +37,6 @@ from torchdata.datapipes.iter.util.randomsplitter import _RandomSplitterIterData
 from torchdata.datapipes.map.util.converter import MapToIterConverterIterDataPipe
 
 from snapshot.hooks._base import ResumableIterator, Stateless
-from snapshot.hooks._registry import register_refusal, register_state_hook
 from snapshot.hooks.builtin._rng import rng_state, set_rng_state
 from snapshot.hooks.builtin._skip import advance
 from snapshot.hooks.builtin.combining import ForkerContainer
@@ -470,10 +469,6 @@ TORCHDATA_HOOKS: dict[type, type[ResumableIterator]] = {
     _UnZipperIterDataPipe: UnZipperContainer,
 }
 
-for _cls, _iterator in TORCHDATA_HOOKS.items():
-    register_state_hook(_cls, _iterator, replace=True)
-
-
 def _unseeded_split(datapipe: Any) -> str | None:
     if datapipe._seed is not None:
         return None  # reseeded from ``seed`` at every epoch: a replay draws the same split
@@ -482,4 +477,7 @@ def _unseeded_split(datapipe: Any) -> str | None:
             "want a new split each epoch)")
 
 
-register_refusal(_RandomSplitterIterDataPipe, _unseeded_split, when="seed=None")
+#: Per class: why an instance cannot be snapshotted (or ``None``), and which instances that is.
+REFUSALS: dict[type, tuple[Callable[[Any], str | None], str]] = {
+    _RandomSplitterIterDataPipe: (_unseeded_split, "seed=None"),
+}

@@ -19,6 +19,11 @@ Use it on your own pipes::
 Cut points are ``(epoch, samples)`` pairs. The default set covers the start, the first
 sample, the middle, the last sample, the end of the epoch before and after ``StopIteration``,
 a point in a later epoch, and a restore followed by a second cut ("twice in a row").
+
+:func:`assert_hook_roundtrip` checks one state hook at every step: at each sample of a run
+that saves as it goes, the snapshot (every node's hook state) goes through the real
+:func:`snapshot.save` and :func:`snapshot.load`, is restored with ``strategy="state"`` into a
+fresh pipe from the factory, and the rest of the stream must equal the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["Cut", "ResumeReport", "assert_resumes_exactly", "first_difference", "same_items"]
+__all__ = ["Cut", "ResumeReport", "assert_hook_roundtrip", "assert_resumes_exactly", "first_difference",
+           "same_items"]
 
 
 def same_items(a: Any, b: Any) -> bool:
@@ -268,6 +274,110 @@ def assert_resumes_exactly(
                     )
         report.cuts.append(cut)
     return report
+
+
+def _steps(length: int, max_steps: int) -> list[int]:
+    """Every step ``0..length``, or ``max_steps`` of them evenly apart, the last one always."""
+    if length + 1 <= max_steps:
+        return list(range(length + 1))
+    stride = -(-(length + 1) // max_steps)
+    return sorted(set(range(0, length + 1, stride)) | {length})
+
+
+def assert_hook_roundtrip(
+    factory: Callable[[], Any],
+    *,
+    seed: int = 0,
+    epochs: int = 2,
+    max_steps: int = 50,
+) -> ResumeReport:
+    """Check the state hook of ``factory()``'s pipe at every step of ``epochs`` epochs.
+
+    The pipe needs a hook: one registered with :func:`snapshot.register_state_hook`
+    (iterator or object hook), or its own ``state_dict()`` / ``load_state_dict(state)`` (the
+    torchdata ``Stateful`` protocol); so do the pipes it reads from (the built-in ones have
+    one). One run saves a snapshot before every sample and after the end of each epoch; it
+    must yield the uninterrupted stream. Each snapshot is written with :func:`snapshot.save`,
+    read back with :func:`snapshot.load`, restored with ``strategy="state"`` (every node from
+    its state, nothing replayed) into a loader over a fresh ``factory()``, and the rest of
+    the stream, through the last epoch, must equal the uninterrupted one.
+
+    Args:
+        factory: builds the pipe (a fresh instance per call, the same graph every time).
+        seed: loader seed.
+        epochs: epochs to run; each one is cut.
+        max_steps: most cuts per epoch; a longer epoch is cut at evenly spaced steps (its
+            last step and its end always).
+
+    Raises:
+        AssertionError: naming the epoch, the step and the first differing sample.
+
+    Examples:
+        >>> from torch.utils.data.datapipes.iter import IterableWrapper
+        >>> report = assert_hook_roundtrip(lambda: IterableWrapper(range(10)).shuffle(buffer_size=4).batch(3))
+        >>> report.epoch_lengths, len(report.cuts)
+        ([4, 4], 12)
+    """
+    from snapshot import DataLoader2, load
+    from snapshot.hooks import hook_for
+
+    pipe = factory()
+    if hook_for(pipe) is None:
+        cls = type(pipe)
+        raise AssertionError(
+            f"{cls.__module__}.{cls.__qualname__} has no state hook: give it state_dict() and "
+            f"load_state_dict(state), or register one with snapshot.register_state_hook({cls.__qualname__}, ...)")
+    reference = _reference(factory, None, seed, epochs)
+    report = ResumeReport([len(e) for e in reference], strategies=["state"])
+    saved: list[tuple[Cut, bytes]] = []
+    loader: Any
+    with _loader(factory, None, seed) as loader:
+        for epoch, want in enumerate(reference):
+            steps = set(_steps(len(want), max_steps))
+            got: list[Any] = []
+            it = iter(loader)
+            while True:
+                if len(got) in steps:
+                    saved.append((Cut(epoch, len(got)), _saved(loader)))
+                try:
+                    got.append(next(it))
+                except StopIteration:
+                    break
+            saved.append((Cut(epoch, len(got), finished=True), _saved(loader)))
+            index = first_difference(want, got)
+            if index is not None:
+                raise AssertionError(
+                    f"saving a snapshot at every step changed the stream: epoch {epoch} differs at sample "
+                    f"{index}: expected {_show(want, index)}, got {_show(got, index)}")
+    fresh: Any
+    for cut, data in saved:
+        snap = load(io.BytesIO(data))
+        with DataLoader2(factory(), reading_service=None) as fresh:
+            fresh.restore_snapshot(snap, strategy="state")
+            streams = [list(fresh) for _ in range(epochs - cut.epoch - (1 if cut.finished else 0))]
+        expected = [] if cut.finished else [reference[cut.epoch][cut.samples:]]
+        expected += reference[cut.epoch + 1:]
+        for offset, (want, got) in enumerate(zip(expected, streams)):
+            index = first_difference(want, got)
+            if index is not None:
+                epoch = cut.epoch + offset + (1 if cut.finished else 0)
+                start = cut.samples if offset == 0 and not cut.finished else 0
+                raise AssertionError(
+                    f"the hook state saved at [{cut}] and restored into a fresh "
+                    f"{type(pipe).__qualname__} diverges in epoch {epoch} at sample {start + index}: "
+                    f"expected {_show(want, index)}, got {_show(got, index)} "
+                    f"(expected {len(want)} more samples, got {len(got)})")
+        report.cuts.append(cut)
+    return report
+
+
+def _saved(loader: Any) -> bytes:
+    """The loader's snapshot, written by :func:`snapshot.save` (the graph left out)."""
+    from snapshot import save
+
+    buffer = io.BytesIO()
+    save(loader.save_snapshot(include_graph=False), buffer)
+    return buffer.getvalue()
 
 
 def _show(items: Sequence[Any], index: int) -> str:

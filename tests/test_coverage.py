@@ -18,10 +18,10 @@ import snapshot
 from snapshot.graph import Graph
 from snapshot.hooks._coverage import BUILDS, STATE_HOOK, Row, _load, coverage, render
 from snapshot.testing import Cut, assert_resumes_exactly
-from tests import graphs, test_hooks, test_hooks_torchdata, test_private_rng
+from tests import graphs, test_private_rng
+from tests.hook_cases import CASES, bind
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "coverage.md"
-ROOT = "<data>"  # factories that read files get the data directory in place of this
 
 
 def test_the_page_is_what_the_registry_says() -> None:
@@ -72,15 +72,11 @@ def test_composites_build_what_the_table_says(name: str) -> None:
 # -- exact resume of every pipe with a state hook ---------------------------------------------
 
 def _factories() -> dict[str, Callable[..., Any]]:
-    """The per-pipe graph factories the other test files already use (no third table)."""
-    found: dict[str, Callable[..., Any]] = {}
-    for prefix, cases in (("torch", test_hooks.CASES), ("torchdata", test_hooks_torchdata.CASES)):
-        found.update({f"{prefix}:{k}": v for k, v in cases.items()})
+    """The hook cases (tests/hook_cases.py) and the shared graphs (no other table)."""
+    found: dict[str, Callable[..., Any]] = dict(CASES)
     for fn in (graphs.linear, graphs.combining, graphs.grouped, graphs.collate_unbatch, graphs.sampled,
-               graphs.sharded, test_hooks_torchdata.cached, test_private_rng.mux):
+               graphs.sharded, test_private_rng.mux):
         found[f"{fn.__module__.rsplit('.', 1)[-1]}:{fn.__name__}"] = fn
-    found["graphs:files"] = functools.partial(graphs.files, ROOT)
-    found["test_hooks_torchdata:read_lines"] = functools.partial(test_hooks_torchdata.read_lines, ROOT)
     return found
 
 
@@ -113,12 +109,6 @@ def test_every_supported_pipe_has_a_graph() -> None:
     assert not missing, "no graph factory in the tests holds these pipes:\n" + "\n".join(missing)
 
 
-def _with_data(factory: Callable[..., Any], root: str) -> Callable[[], Any]:
-    if isinstance(factory, functools.partial) and ROOT in factory.args:
-        return functools.partial(factory.func, *[root if a == ROOT else a for a in factory.args])
-    return factory
-
-
 def _sharded_at_sink(factory: Callable[[], Any]) -> Any:
     """The graph with a sharding point at its end: 2 workers each run a copy and deal samples."""
     datapipe = factory()
@@ -134,7 +124,7 @@ def _two_workers() -> Any:
 @pytest.mark.parametrize("service", ["in_process", "2_workers"])
 @pytest.mark.parametrize("name", _chosen())
 def test_supported_pipes_resume_exactly(name: str, service: str, data_dir: str) -> None:
-    factory = _with_data(_factories()[name], data_dir)
+    factory = bind(_factories()[name], data_dir)
     if service == "in_process":
         with snapshot.DataLoader2(factory()) as loader:
             loader.seed(0)  # the harness's seed: a shuffle before a grouper changes the epoch's length

@@ -7,24 +7,17 @@ import functools
 import os
 
 import pytest
-from torch.utils.data.datapipes.datapipe import DataChunk
+from torch.utils.data import MapDataPipe
 from torch.utils.data.datapipes.iter import (
     Batcher,
-    Collator,
-    Concater,
     Demultiplexer,
     FileLister,
     FileOpener,
-    Filter,
     Forker,
     Grouper,
     IterableWrapper,
     Mapper,
-    Multiplexer,
     RoutedDecoder,
-    Sampler,
-    ShardingFilter,
-    Shuffler,
     StreamReader,
     UnBatcher,
     Zipper,
@@ -32,97 +25,15 @@ from torch.utils.data.datapipes.iter import (
 
 import snapshot
 from snapshot.graph import Graph
-from snapshot.hooks import ResumableIterator, hook_for
-from snapshot.testing import assert_resumes_exactly, first_difference
+from snapshot.hooks import ResumableIterator, hook_for, registered_types
+from snapshot.hooks._registry import hook_for_class
+from snapshot.testing import assert_hook_roundtrip, assert_resumes_exactly, first_difference
 from tests import graphs
+from tests.hook_cases import CASES, TORCH, TORCHDATA, bind, files_graph, key_mod4, route3
+from tests.hook_cases import td as TORCHDATA_ITER
 from tests.native import hooked_epochs, native_epochs
 
 STRATEGIES = ("state", "auto", "fast_forward")
-
-
-def add(a, b):
-    return a + b
-
-
-def first_even(a, b):
-    return a % 2 == 0
-
-
-def to_pair(x):
-    return (x, -x)
-
-
-def to_dict(x):
-    return {"x": x, "y": x * 10}
-
-
-def nested(x):
-    return [[x, x + 1], [x + 2]]
-
-
-def key_mod4(x):
-    return x % 4
-
-
-def route3(x):
-    return x % 3
-
-
-def route_or_drop(x):
-    return None if x % 5 == 0 else x % 2
-
-
-class Box(DataChunk):
-    pass
-
-
-# Each factory exercises one pipe with non-default arguments (module-level: picklable).
-CASES = {
-    "mapper_input_output_col": lambda: Mapper(Mapper(IterableWrapper(range(15)), to_pair), add,
-                                              input_col=[0, 1], output_col=-1),
-    "mapper_dict_col": lambda: Mapper(Mapper(IterableWrapper(range(9)), to_dict), graphs.double,
-                                      input_col="y", output_col="z"),
-    "collator_default": lambda: Collator(Batcher(IterableWrapper(range(13)), 4)),
-    "filter_input_col": lambda: Filter(Mapper(IterableWrapper(range(20)), to_pair), first_even,
-                                       input_col=[0, 1]),
-    "shuffler_disabled": lambda: Shuffler(IterableWrapper(range(12)), buffer_size=3).set_shuffle(False),
-    "shuffler_big_buffer": lambda: Shuffler(IterableWrapper(range(25)), buffer_size=100),
-    "batcher_drop_last_wrapper": lambda: Batcher(IterableWrapper(range(17)), 4, drop_last=True,
-                                                 wrapper_class=Box),
-    "unbatcher_all_levels": lambda: UnBatcher(Mapper(IterableWrapper(range(8)), nested), unbatch_level=-1),
-    "unbatcher_level_2": lambda: UnBatcher(Batcher(Mapper(IterableWrapper(range(8)), nested), 2),
-                                           unbatch_level=2),
-    "grouper_keep_key": lambda: Grouper(Shuffler(IterableWrapper(range(40)), buffer_size=9), key_mod4,
-                                        keep_key=True, buffer_size=6, group_size=3,
-                                        guaranteed_group_size=1),
-    "grouper_drop_remaining": lambda: Grouper(IterableWrapper(range(33)), key_mod4, buffer_size=5,
-                                              group_size=4, guaranteed_group_size=2, drop_remaining=True),
-    "grouper_unbounded": lambda: Grouper(IterableWrapper(range(21)), route3),
-    "sampler": lambda: Sampler(IterableWrapper(range(11))),
-    "sharding_filter_2_of_3": lambda: _sharded(3, 2),
-    "concater_three": lambda: Concater(IterableWrapper(range(3)), IterableWrapper([]), IterableWrapper(range(5))),
-    "zipper_uneven": lambda: Zipper(IterableWrapper(range(7)), Shuffler(IterableWrapper(range(10)),
-                                                                        buffer_size=4)),
-    "multiplexer_uneven": lambda: Multiplexer(IterableWrapper(range(4)), IterableWrapper(range(10, 20)),
-                                              IterableWrapper(range(20, 25))),
-    "forker_deep_copy": lambda: Zipper(*Forker(Mapper(IterableWrapper(range(9)), to_dict), 2, copy="deep")),
-    "forker_read_unevenly": lambda: _uneven_fork(),
-    "demux_drop_none": lambda: Concater(*Demultiplexer(IterableWrapper(range(30)), 2, route_or_drop,
-                                                       drop_none=True, buffer_size=-1)),
-    "demux_three_mux": lambda: Multiplexer(*Demultiplexer(IterableWrapper(range(30)), 3, route3,
-                                                          buffer_size=-1)),
-}
-
-
-def _sharded(count: int, me: int):
-    dp = ShardingFilter(IterableWrapper(range(20)))
-    dp.apply_sharding(count, me)
-    return dp
-
-
-def _uneven_fork():
-    a, b = Forker(IterableWrapper(range(12)), 2, buffer_size=-1)
-    return Zipper(a, Batcher(b, 2))
 
 
 def _overflowing_fork():
@@ -134,9 +45,14 @@ def _ids(name):
     return name
 
 
+def test_cases_are_listed_once_each_with_a_prefix() -> None:
+    assert all(name.split(":", 1)[0] in ("torch", "torchdata") for name in CASES)
+    assert len(CASES) == len(TORCH) + len(TORCHDATA)
+
+
 @pytest.mark.parametrize("name", sorted(CASES), ids=_ids)
-def test_hook_yields_what_torch_yields(name: str) -> None:
-    factory = CASES[name]
+def test_hook_yields_what_the_pipe_yields(name: str, data_dir: str) -> None:
+    factory = bind(CASES[name], data_dir)
     expected = native_epochs(factory, seed=3, epochs=2)
     got = hooked_epochs(factory, seed=3, epochs=2)
     for epoch, (want, have) in enumerate(zip(expected, got)):
@@ -145,21 +61,46 @@ def test_hook_yields_what_torch_yields(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(CASES), ids=_ids)
-def test_hook_resumes_exactly(name: str) -> None:
-    assert_resumes_exactly(CASES[name], epochs=2, strategies=STRATEGIES, via_file=False)
+def test_hook_resumes_exactly(name: str, data_dir: str) -> None:
+    assert_resumes_exactly(bind(CASES[name], data_dir), epochs=2, strategies=STRATEGIES, via_file=False)
+
+
+@pytest.mark.parametrize("name", sorted(CASES), ids=_ids)
+def test_hook_state_roundtrips_at_every_step(name: str, data_dir: str) -> None:
+    report = assert_hook_roundtrip(bind(CASES[name], data_dir), seed=3, epochs=2, max_steps=20)
+    assert len(report.cuts) >= 4
+
+
+def _ours(cls: type) -> bool:
+    """A hook registered by snapshot itself (not by a test or a user)."""
+    hook = hook_for_class(cls)
+    assert hook is not None
+    return (hook.iterator or hook.state_dict).__module__.startswith("snapshot.")  # type: ignore[union-attr]
+
+
+def test_every_registered_hook_has_a_case(data_dir: str) -> None:
+    for name in ("DataLoader2", "MultiProcessingReadingService", "DistributedReadingService"):
+        getattr(snapshot, name)  # modules that may register hooks of their own
+    if TORCHDATA:
+        hook_for_class(TORCHDATA_ITER.Header)  # loads torchdata's table
+    covered: set[type] = set()
+    for factory in CASES.values():
+        covered |= {type(node.datapipe) for node in Graph(bind(factory, data_dir)())}
+    missing = sorted(f"{c.__module__}.{c.__qualname__}" for c in registered_types()
+                     if _ours(c) and c not in covered)
+    assert not missing, ("these classes have a registered hook and no case in tests/hook_cases.py "
+                         "(add one that builds a graph holding them):\n" + "\n".join(missing))
 
 
 def test_every_builtin_node_is_restored_from_state(data_dir: str) -> None:
-    factories = [*CASES.values(), graphs.linear, graphs.combining, graphs.grouped, graphs.collate_unbatch,
-                 graphs.sampled, graphs.sharded, functools.partial(graphs.files, data_dir)]
+    factories = [*(bind(f, data_dir) for f in CASES.values()), graphs.linear, graphs.combining, graphs.grouped,
+                 graphs.collate_unbatch, graphs.sampled, graphs.sharded]
     for factory in factories:
         for node in Graph(factory()):
+            if isinstance(node.datapipe, MapDataPipe):
+                continue  # a map-style source is read by index, by its consumer
             hook = hook_for(node.datapipe)
             assert hook is not None and hook.iterator is not None, node.signature
-
-
-def files_graph(root: str, chunk: int | None):
-    return StreamReader(FileOpener(FileLister(root, "*.txt", recursive=True), mode="b"), chunk=chunk)
 
 
 @pytest.mark.parametrize("chunk", [None, 1, 4])

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import copy
 import functools
 import os
+from pathlib import Path
 
 import pytest
 from torch.utils.data import MapDataPipe
@@ -197,3 +199,49 @@ def test_hook_objects_are_fresh_per_epoch_and_do_not_touch_the_graph() -> None:
     for node in Graph(dl.datapipe):
         assert not isinstance(getattr(node.datapipe, "_fast_forward_iterator", None), ResumableIterator) \
             or node.path != "0"
+
+
+def _imports(path: Path, package: str) -> set[str]:
+    """The ``snapshot.*`` modules that the module at ``path`` imports (anywhere in it)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+            found |= {n for n in names if n in MODULES_OF(package)} or {node.module}
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+    return {m for m in found if m.startswith(package)}
+
+
+def MODULES_OF(package: str) -> set[str]:
+    root = Path(snapshot.__file__).parent.parent
+    return {".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+            for p in (root / package.replace(".", "/")).rglob("*.py")}
+
+
+def test_hooks_imports_point_one_way() -> None:
+    """No import circle in snapshot.hooks, function-level imports included (a package's
+    ``__init__`` is not counted as imported by its submodules)."""
+    package = "snapshot.hooks"
+    root = Path(snapshot.__file__).parent.parent
+    edges = {}
+    for module in MODULES_OF(package):
+        path = root / module.replace(".", "/")
+        path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+        edges[module] = _imports(path, package) - {module}
+    registry = root / "snapshot/hooks/_registry.py"
+    assert edges["snapshot.hooks._registry"] <= {"snapshot.hooks._base"}, edges["snapshot.hooks._registry"]
+    assert "snapshot.hooks.builtin" not in registry.read_text(), "the registry names a module of hooks"
+
+    def cycle_from(start: str, seen: tuple[str, ...]) -> tuple[str, ...] | None:
+        for nxt in sorted(edges.get(start, ())):
+            if nxt in seen:
+                return (*seen[seen.index(nxt):], nxt)
+            found = cycle_from(nxt, (*seen, nxt))
+            if found:
+                return found
+        return None
+
+    for module in sorted(edges):
+        cycle = cycle_from(module, (module,))
+        assert cycle is None, "import circle: " + " -> ".join(cycle)

@@ -12,7 +12,7 @@ torchdata ``Stateful`` protocol) needs no registration. A registered iterator ho
 covers subclasses that do not override ``__iter__``, ``__next__`` or ``reset``.
 
 This module imports no hook: :mod:`snapshot.hooks._install` registers the built-in tables
-(``snapshot.hooks.builtin``), and :func:`register_lazy` loads a third-party package's table
+(the ``builtin`` package), and :func:`register_lazy` loads a third-party package's table
 the first time one of its classes is looked up. So imports point one way: the built-in
 modules may use the registry, the registry never imports them.
 """

@@ -8,23 +8,61 @@ that names the DataPipe (node path and type) and the attribute that cannot be pi
 
 from __future__ import annotations
 
+import contextlib
+import io
 import pickle
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import dill
 
 from snapshot.errors import SerializationError
 
-__all__ = ["clone", "dumps", "dumps_graph", "loads", "loads_graph"]
+__all__ = ["clone", "cooperative", "dumps", "dumps_graph", "loads", "loads_graph"]
 
 _PICKLE = b"P"
 _DILL = b"D"
 
 
+_local = threading.local()
+
+
+class _Frames(io.BytesIO):
+    """A pickle's output, written frame by frame through Python code.
+
+    The C pickler holds the GIL for a whole ``dumps``; writing through a Python method
+    gives the interpreter a chance to switch threads between frames (64 KiB), so a
+    background save does not stall the thread that keeps iterating.
+    """
+
+    def write(self, data: Any) -> int:
+        return super().write(data)
+
+
+@contextlib.contextmanager
+def cooperative() -> Iterator[None]:
+    """In this thread, pickle so that other threads keep running (see :class:`_Frames`)."""
+    _local.cooperative = True
+    try:
+        yield
+    finally:
+        _local.cooperative = False
+
+
+def _pickle(obj: Any) -> bytes:
+    if not getattr(_local, "cooperative", False):
+        return _PICKLE + pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    out = _Frames()
+    out.write(_PICKLE)
+    pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return out.getvalue()
+
+
 def dumps(obj: Any, *, what: str = "object") -> bytes:
     """Pickle ``obj``; the first byte records which pickler was used."""
     try:
-        return _PICKLE + pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        return _pickle(obj)
     except Exception:  # noqa: BLE001 - any pickle failure falls back to dill
         pass
     try:

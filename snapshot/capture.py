@@ -28,7 +28,7 @@ from snapshot._version import __version__
 from snapshot.errors import CorruptSnapshotError, ManifestError, SnapshotFileError
 
 __all__ = ["LoaderState", "Snapshot", "capture", "distributed_manifest", "load", "merge_parts", "part_info",
-           "parts_state_dict", "save"]
+           "parts_state_dict", "save", "snapshot_of"]
 
 
 @dataclass
@@ -301,6 +301,14 @@ def capture(loader: Any, *, include_graph: bool = True, verify: int = 0) -> Snap
     if getattr(loader, "_graph", None) is not None:
         check_restorable(loader._graph)  # refuse before anything is computed ahead or written
     source: LoaderState = loader._snapshot_source(include_graph=include_graph, verify=verify)
+    return snapshot_of(source)
+
+
+def snapshot_of(source: LoaderState) -> Snapshot:
+    """The :class:`Snapshot` of a captured loader state: node states and payload pickled.
+
+    A background save calls it in its own thread on a staged copy of ``source``.
+    """
     state = source.restore_state()
     state["service"] = _encode_nodes(source.service)
     body = {"state": state, "graph": source.graph_bytes, "service": source.service_bytes}
@@ -312,18 +320,25 @@ def capture(loader: Any, *, include_graph: bool = True, verify: int = 0) -> Snap
                     source.service_bytes, payload)
 
 
-def save(snap: Snapshot, dest: format.PathOrFile, *, key: bytes | str | None = None) -> None:
-    """Write ``snap`` to ``dest`` atomically (a path) or to a binary file object."""
+def save(snap: Snapshot, dest: format.PathOrFile, *, key: bytes | str | None = None,
+         progress: bool = True) -> None:
+    """Write ``snap`` to ``dest`` atomically (a path) or to a binary file object.
+
+    ``progress=False`` never shows a progress bar (a background save must not draw one).
+    """
     if not isinstance(snap, Snapshot):
         raise TypeError(f"snapshot.save() takes a Snapshot (from capture() or save_snapshot()) as its first "
                         f"argument, not a {type(snap).__name__}")
     start = time.perf_counter()
-    data = snap.to_bytes(key=key)
+    if snap.parts is not None:
+        snap.to_bytes()  # raises: a distributed snapshot is a directory
+    pieces = format.pack_parts(snap.manifest, snap._payload, key=key)  # written as they are: no joined copy
+    size = sum(len(piece) for piece in pieces)
     name = os.fspath(dest) if isinstance(dest, (str, os.PathLike)) else getattr(dest, "name", "<file object>")
-    with _progress.bar(len(data), f"snapshot: saving {name}", minimum=SAVE_PROGRESS, unit="B",
-                       unit_scale=True) as progress:
-        format.atomic_write(dest, data, progress=progress.update if progress.shown else None)
-    _log.info("saved snapshot %s: %s bytes (epoch %d, sample %d) in %.3f s", name, f"{len(data):,}",
+    with _progress.bar(size, f"snapshot: saving {name}", minimum=SAVE_PROGRESS if progress else size + 1, unit="B",
+                       unit_scale=True) as bar:
+        format.atomic_write(dest, pieces, progress=bar.update if bar.shown else None)
+    _log.info("saved snapshot %s: %s bytes (epoch %d, sample %d) in %.3f s", name, f"{size:,}",
               snap.epoch, snap.yielded, time.perf_counter() - start)
 
 

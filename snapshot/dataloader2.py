@@ -18,13 +18,24 @@ import pickle
 import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import Any, Generic, TypeVar
+from concurrent.futures import Future
+from typing import Any, Generic, Literal, TypeVar, overload
 
 from torch.utils.data import IterDataPipe, MapDataPipe
 
-from snapshot import _lightning_guard, _rotation, _serialization
+from snapshot import _lightning_guard, _rotation, _serialization, _staging
+from snapshot._background import BackgroundSaver
 from snapshot._fingerprint import sample_fingerprint
-from snapshot.capture import LoaderState, Snapshot, capture, decode_nodes, part_info, parts_state_dict, save
+from snapshot.capture import (
+    LoaderState,
+    Snapshot,
+    capture,
+    decode_nodes,
+    part_info,
+    parts_state_dict,
+    save,
+    snapshot_of,
+)
 from snapshot.errors import LayoutError, RankError, SnapshotError, VerificationError
 from snapshot.format import PathOrFile
 from snapshot.graph import Graph
@@ -235,6 +246,7 @@ class DataLoader2(Generic[T_co]):
         self._paused = False
         self._limit_threshold: int | None = None
         self._limit_counter: int | None = None
+        self._saver = BackgroundSaver()
 
     def _set_graph(self, datapipe: Any, *, adapt: bool) -> None:
         """Work on a private copy of ``datapipe``; keep its pickle for snapshots."""
@@ -304,7 +316,11 @@ class DataLoader2(Generic[T_co]):
         self._reset_seed = True
 
     def shutdown(self) -> None:
-        """Stop the reading service (worker processes, ...). Safe to call twice."""
+        """Wait for a background save, stop the reading service (worker processes, ...).
+        Safe to call twice."""
+        saver = getattr(self, "_saver", None)
+        if saver is not None:
+            saver.wait()
         if not self._terminated:
             self._terminated = True
             service = getattr(self, "reading_service", None)
@@ -420,10 +436,25 @@ class DataLoader2(Generic[T_co]):
                 "the snapshot. The loader was not restored."
             )
 
+    @overload
     def save_snapshot(
         self, dest: PathOrFile | None = None, *, include_graph: bool = True,
         keep_last: int | None = None, key: bytes | str | None = None, verify: int = 0,
-    ) -> Snapshot:
+        blocking: Literal[True] = True,
+    ) -> Snapshot: ...
+
+    @overload
+    def save_snapshot(
+        self, dest: PathOrFile | None = None, *, include_graph: bool = True,
+        keep_last: int | None = None, key: bytes | str | None = None, verify: int = 0,
+        blocking: Literal[False],
+    ) -> Future[str]: ...
+
+    def save_snapshot(
+        self, dest: PathOrFile | None = None, *, include_graph: bool = True,
+        keep_last: int | None = None, key: bytes | str | None = None, verify: int = 0,
+        blocking: bool = True,
+    ) -> Snapshot | Future[str]:
         """Capture the current position; write it atomically to ``dest`` when given.
 
         ``include_graph=False`` leaves the pickled graph out (restore then needs the graph
@@ -433,9 +464,46 @@ class DataLoader2(Generic[T_co]):
         the file. ``verify=K`` records fingerprints of the next K samples (computed ahead and
         served from a buffer, so nothing is lost); restoring then checks the restored stream
         against them.
+
+        ``blocking=False`` (``dest`` a path) captures the position now and pickles and
+        writes it in a background thread while iteration goes on; it returns a
+        ``concurrent.futures.Future`` whose result is the path, or whose exception says why
+        the save failed (also logged). The capture shares only immutable samples (``bytes``,
+        strings, numbers) with the live graph; tensors, arrays and other objects in buffers
+        are copied first (see ``snapshot._staging``). One save runs at a time per loader: a
+        second waits for the first, and so do ``shutdown()`` and the interpreter's exit. The
+        write is atomic as with ``blocking=True`` (``keep_last`` prunes once it is written).
+        Across ranks the save is a collective and stays synchronous: the returned future is
+        already done.
         """
         if keep_last is not None:
             _check_keep_last(dest, keep_last)
+        self._saver.wait()
+        if blocking:
+            return self._save_now(dest, include_graph=include_graph, keep_last=keep_last, key=key, verify=verify)
+        if dest is None or not isinstance(dest, (str, os.PathLike)):
+            raise TypeError(
+                f"save_snapshot(blocking=False) writes to a path, got {type(dest).__name__}; pass a "
+                "path, or use blocking=True to write to a file object or to get the Snapshot")
+        path = os.fspath(dest)
+        done: Future[str] = Future()
+        if self._collective() is not None:
+            self._save_now(dest, include_graph=include_graph, keep_last=keep_last, key=key, verify=verify)
+            done.set_result(path)
+            return done
+        source = _staging.stage(self._snapshot_source(include_graph=include_graph, verify=verify))
+
+        def write() -> str:
+            with _serialization.cooperative():
+                save(snapshot_of(source), path, key=key, progress=False)
+            if keep_last is not None:
+                _rotation.prune(path, keep_last)
+            return path
+
+        return self._saver.submit(write, path)
+
+    def _save_now(self, dest: PathOrFile | None, *, include_graph: bool, keep_last: int | None,
+                  key: bytes | str | None, verify: int) -> Snapshot:
         snap = capture(self, include_graph=include_graph, verify=verify)
         collective = self._collective()
         if dest is not None and collective is not None:

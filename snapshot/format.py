@@ -45,7 +45,7 @@ import re
 import secrets
 import socket
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, Union
 
@@ -73,6 +73,7 @@ __all__ = [
     "from_state_dict",
     "join_parts",
     "pack",
+    "pack_parts",
     "payload_record",
     "read_container",
     "read_manifest",
@@ -123,6 +124,11 @@ def resolve_key(key: bytes | str | None) -> bytes | None:
 
 def pack(manifest: Mapping[str, Any], payload: bytes, *, key: bytes | str | None = None) -> bytes:
     """Assemble a snapshot file from its manifest and payload (signed if a key is given)."""
+    return b"".join(pack_parts(manifest, payload, key=key))
+
+
+def pack_parts(manifest: Mapping[str, Any], payload: bytes, *, key: bytes | str | None = None) -> list[bytes]:
+    """:func:`pack`'s pieces, in file order, for writing without joining them (no copy of the payload)."""
     manifest_bytes = json.dumps(manifest, sort_keys=False, separators=(",", ":")).encode()
     secret = resolve_key(key)
     flags = _FLAG_SIGNED if secret is not None else 0
@@ -133,7 +139,7 @@ def pack(manifest: Mapping[str, Any], payload: bytes, *, key: bytes | str | None
     parts = [header, manifest_bytes, payload]
     if secret is not None:
         parts.append(hmac.new(secret, header, hashlib.sha256).digest())
-    return b"".join(parts)
+    return parts
 
 
 @dataclass(frozen=True)
@@ -481,8 +487,10 @@ def _check_writable(dest: Any) -> None:
 _CHUNK = 8 << 20
 
 
-def atomic_write(dest: PathOrFile, data: bytes, *, progress: Callable[[int], None] | None = None) -> None:
-    """Write ``data`` so that ``dest`` holds either its old content or all of ``data``.
+def atomic_write(dest: PathOrFile, data: bytes | Sequence[bytes], *,
+                 progress: Callable[[int], None] | None = None) -> None:
+    """Write ``data`` (bytes, or pieces written one after the other) so that ``dest`` holds
+    either its old content or all of ``data``.
 
     Paths are written to a temporary file in the same directory (named ``.NAME.snapshot-tmp.
     <pid>.<host>-<random>``), flushed and fsync'ed, then renamed over ``dest``; the directory
@@ -491,8 +499,10 @@ def atomic_write(dest: PathOrFile, data: bytes, *, progress: Callable[[int], Non
     created. A binary file object is simply written to. ``progress(n)`` is told of every chunk written.
     """
     _check_writable(dest)
+    chunks = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
     if not isinstance(dest, (str, os.PathLike)):
-        dest.write(data)
+        for chunk in chunks:
+            dest.write(chunk)
         flush = getattr(dest, "flush", None)
         if flush is not None:
             flush()
@@ -515,10 +525,11 @@ def atomic_write(dest: PathOrFile, data: bytes, *, progress: Callable[[int], Non
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "wb") as f:
-            if progress is None:
-                f.write(data)
-            else:
-                view = memoryview(data)
+            for chunk in chunks:
+                if progress is None:
+                    f.write(chunk)
+                    continue
+                view = memoryview(chunk)
                 for start in range(0, len(view), _CHUNK):
                     progress(f.write(view[start:start + _CHUNK]))
             f.flush()

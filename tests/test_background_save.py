@@ -1,0 +1,246 @@
+"""save_snapshot(blocking=False): background writes, one at a time, never silently lost."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data.datapipes.iter import IterableWrapper
+
+import snapshot
+from snapshot import _staging
+from snapshot.reading_service import MultiProcessingReadingService
+from snapshot.testing import first_difference
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Gate:
+    """A sample whose pickling waits until the test opens the gate (a save held mid-write)."""
+
+    armed = False
+    opened = threading.Event()
+    entered = threading.Event()
+
+    def __init__(self, value: int):
+        self.value = value
+
+    def __deepcopy__(self, memo: Any) -> Gate:
+        return Gate(self.value)
+
+    def __reduce__(self) -> Any:
+        if Gate.armed:
+            Gate.entered.set()
+            if not Gate.opened.wait(60):
+                raise TimeoutError("the test never opened the gate")
+        return (Gate, (self.value,))
+
+
+def gated(n: int = 30):
+    return IterableWrapper([Gate(i) for i in range(n)]).shuffle(buffer_size=8)
+
+
+def bytes_graph(n: int = 60):
+    return IterableWrapper([bytes([i]) * 64 for i in range(n)]).shuffle(buffer_size=16).sharding_filter().batch(3)
+
+
+def loader(factory, service=None):
+    dl = snapshot.DataLoader2(factory(), reading_service=service() if service else None)
+    dl.seed(3)
+    return dl
+
+
+@pytest.fixture
+def gate():
+    Gate.opened.clear()
+    Gate.entered.clear()
+    yield Gate
+    Gate.opened.set()
+    Gate.armed = False
+
+
+@pytest.mark.parametrize("service", [None, functools.partial(MultiProcessingReadingService, 2)],
+                         ids=["in_process", "workers_2"])
+def test_background_save_resumes_exactly_and_does_not_change_the_stream(tmp_path, service) -> None:
+    with loader(bytes_graph, service) as dl:
+        reference = [list(dl) for _ in range(2)]
+    with loader(bytes_graph, service) as dl:
+        it = iter(dl)
+        first = [next(it) for _ in range(7)]
+        future = dl.save_snapshot(tmp_path / "bg.snap", blocking=False)
+        assert isinstance(future, Future)
+        rest = list(it)  # iteration goes on while the save is written
+        second = list(dl)
+        assert future.result(timeout=60) == os.fspath(tmp_path / "bg.snap")
+    assert first + rest == reference[0] and second == reference[1]
+    with snapshot.DataLoader2(bytes_graph(), reading_service=service() if service else None) as dl:
+        dl.restore_snapshot(tmp_path / "bg.snap")
+        resumed = [list(dl), list(dl)]
+    assert first_difference(rest, resumed[0]) is None
+    assert first_difference(reference[1], resumed[1]) is None
+
+
+def test_background_and_blocking_saves_hold_the_same_position(tmp_path) -> None:
+    with loader(bytes_graph) as dl:
+        it = iter(dl)
+        for _ in range(5):
+            next(it)
+        dl.save_snapshot(tmp_path / "sync.snap")
+        dl.save_snapshot(tmp_path / "bg.snap", blocking=False).result(timeout=60)
+    sync, bg = snapshot.load(tmp_path / "sync.snap"), snapshot.load(tmp_path / "bg.snap")
+    assert sync.state == bg.state
+
+
+def test_the_capture_shares_no_mutable_sample_with_the_graph() -> None:
+    tensor, array, nested = torch.zeros(3), [1, [2]], {"k": bytearray(b"ab")}
+    blob = b"x" * 100
+    staged = _staging.stage({"buffer": [tensor, array, nested, blob], "rng": (1, [2, 3])})
+    tensor.add_(1)
+    array[1].append(3)
+    nested["k"][0] = 0
+    assert torch.equal(staged["buffer"][0], torch.zeros(3))
+    assert staged["buffer"][1] == [1, [2]] and staged["buffer"][2] == {"k": bytearray(b"ab")}
+    assert staged["buffer"][3] is blob  # immutable samples are shared, not copied
+
+
+def test_samples_changed_in_place_downstream_do_not_reach_the_saved_snapshot(tmp_path) -> None:
+    def bump(t):
+        t.add_(100)  # a training step that changes its batch in place
+        return t
+
+    def graph():
+        return IterableWrapper([torch.full((2,), float(i)) for i in range(40)], deepcopy=False).shuffle(
+            buffer_size=10).map(bump)
+
+    with loader(graph) as dl:
+        it = iter(dl)
+        for _ in range(3):
+            next(it)
+        future = dl.save_snapshot(tmp_path / "t.snap", blocking=False)
+        list(it)
+        future.result(timeout=60)
+    buffer = snapshot.load(tmp_path / "t.snap").state["service"]["shards"][0]["nodes"]
+    states = [snapshot._serialization.loads(r["state"]) for r in buffer.values()
+              if r.get("state") is not None]
+    saved = [t for s in states if isinstance(s, dict) for t in s.get("buffer") or []]
+    assert len(saved) == 10 and all(float(t.max()) < 40 for t in saved)
+
+
+def test_one_save_in_flight_the_next_waits(tmp_path, gate) -> None:
+    with loader(gated) as dl:
+        it = iter(dl)
+        next(it)
+        gate.armed = True
+        first = dl.save_snapshot(tmp_path / "a.snap", blocking=False)
+        assert gate.entered.wait(30)
+        second: list[Future[str]] = []
+        caller = threading.Thread(target=lambda: second.append(
+            dl.save_snapshot(tmp_path / "b.snap", blocking=False)))
+        caller.start()
+        caller.join(0.3)
+        assert caller.is_alive() and not first.done()  # the second save waits for the first
+        gate.opened.set()
+        caller.join(60)
+        assert first.result(timeout=60) and second[0].result(timeout=60)
+    assert snapshot.load(tmp_path / "a.snap").yielded == snapshot.load(tmp_path / "b.snap").yielded == 1
+
+
+def test_shutdown_waits_for_the_save_in_flight(tmp_path, gate) -> None:
+    dl = loader(gated)
+    it = iter(dl)
+    next(it)
+    gate.armed = True
+    future = dl.save_snapshot(tmp_path / "a.snap", blocking=False)
+    assert gate.entered.wait(30)
+    stopper = threading.Thread(target=dl.shutdown)
+    stopper.start()
+    stopper.join(0.3)
+    assert stopper.is_alive()
+    gate.opened.set()
+    stopper.join(60)
+    assert future.done() and os.path.exists(tmp_path / "a.snap")
+
+
+def test_a_failed_background_save_surfaces_in_the_future_and_the_log(tmp_path, caplog) -> None:
+    (tmp_path / "file").write_bytes(b"")
+    with loader(bytes_graph) as dl, caplog.at_level(logging.ERROR, logger="snapshot"):
+        next(iter(dl))
+        future = dl.save_snapshot(tmp_path / "file" / "x.snap", blocking=False)
+        assert isinstance(future.exception(timeout=60), OSError)
+    records = [r for r in caplog.records if r.name.startswith("snapshot") and r.levelno == logging.ERROR]
+    assert records and "x.snap" in records[0].getMessage()
+
+
+def test_a_background_save_needs_a_path() -> None:
+    with loader(bytes_graph) as dl, pytest.raises(TypeError, match="path"):
+        dl.save_snapshot(blocking=False)
+
+
+SCRIPT = textwrap.dedent("""
+    import sys, time
+    from torch.utils.data.datapipes.iter import IterableWrapper
+    import snapshot
+
+    HOLD = False
+
+    class Slow:
+        def __init__(self, value):
+            self.value = value
+        def __deepcopy__(self, memo):
+            return Slow(self.value)
+        def __reduce__(self):
+            if HOLD:
+                open(sys.argv[2] + ".started", "w").close()
+                time.sleep(float(sys.argv[3]))
+            return (Slow, (self.value,))
+
+    dl = snapshot.DataLoader2(IterableWrapper([Slow(i) for i in range(20)]).shuffle(buffer_size=4))
+    dl.seed(0)
+    it = iter(dl)
+    next(it)
+    if sys.argv[1] == "kill":
+        dl.save_snapshot(sys.argv[2])              # the previous snapshot, at sample 1
+        next(it)
+    HOLD = True
+    dl.save_snapshot(sys.argv[2], blocking=False)  # held mid-write
+""")
+
+
+def _script(tmp_path, *args: str) -> subprocess.Popen[str]:
+    path = tmp_path / "job.py"
+    path.write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    return subprocess.Popen([sys.executable, str(path), *args], env=env, text=True)
+
+
+def test_interpreter_exit_waits_for_the_save(tmp_path) -> None:
+    dest = tmp_path / "exit.snap"
+    child = _script(tmp_path, "exit", str(dest), "0.5")
+    assert child.wait(120) == 0
+    assert snapshot.format.read_container(dest).manifest["loader"]["yielded"] == 1  # checked, not unpickled
+
+
+def test_a_kill_during_a_background_save_leaves_the_previous_snapshot(tmp_path) -> None:
+    dest = tmp_path / "kill.snap"
+    child = _script(tmp_path, "kill", str(dest), "600")
+    try:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(f"{dest}.started"):
+            assert child.poll() is None and time.monotonic() < deadline, "the background save never started"
+            time.sleep(0.05)
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait(30)
+    assert snapshot.format.read_container(dest).manifest["loader"]["yielded"] == 1  # checked, not unpickled

@@ -137,6 +137,7 @@ def _node_positions(records: Mapping[str, Any], replayed: set[str]) -> dict[str,
             state_bytes=len(state) if isinstance(state, bytes) else None,
             buffered=record.get("buffered", 0),
             restore="replay" if path in replayed else "state",
+            buffer_state=record.get("buffer_state"),
         )
     return nodes
 
@@ -152,7 +153,10 @@ def _shard_position(shard: Mapping[str, Any] | None) -> schema.ShardPosition | N
         exhausted=schema.shard_finished(shard),
         in_flight=len(shard.get("in_flight", [])),
         plan=schema.PlanSummary(tuple(schema.Driver(d["path"], d["replay"]) for d in plan.get("drivers", [])),
-                                dict(plan.get("reasons", {}))),
+                                dict(plan.get("reasons", {})),
+                                # how each buffering node saved its samples: "positions" or "values[: why]"
+                                {path: record["buffer_state"] for path, record in shard.get("nodes", {}).items()
+                                 if record.get("buffer_state") is not None}),
         nodes=_node_positions(shard.get("nodes", {}), replayed),
     )
 

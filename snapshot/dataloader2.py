@@ -39,6 +39,7 @@ from snapshot.capture import (
 from snapshot.errors import LayoutError, RankError, SnapshotError, VerificationError
 from snapshot.format import PathOrFile
 from snapshot.graph import Graph
+from snapshot.hooks._positions import BufferState
 from snapshot.randomness import UINT64_LIMIT, SeedGenerator, draw_seed
 from snapshot.reading_service.base import ReadingServiceInterface
 from snapshot.reading_service.in_process import InProcessReadingService
@@ -102,6 +103,20 @@ def _map_to_iter(datapipe: Any) -> Any:
             "torch.utils.data.datapipes.iter) instead."
         ) from None
     return datapipe.to_iter_datapipe()
+
+def _configure_buffers(service: Any, buffer_state: BufferState) -> None:
+    """Tell every service that runs graph parts (nested ones included) how to save buffers."""
+    seen: set[int] = set()
+    stack = [service]
+    while stack:
+        current = stack.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if hasattr(type(current), "buffer_state"):
+            current.buffer_state = buffer_state.value
+        stack.extend(getattr(current, name, None) for name in ("inner", "executor"))
+        stack.extend(getattr(current, "reading_services", []))
 
 
 class DataLoader2Iterator(Iterator[T_co]):
@@ -181,6 +196,12 @@ class DataLoader2(Generic[T_co]):
         datapipe_adapter_fn: an adapter or a list of adapters applied to the copy.
         reading_service: where the graph runs; default ``InProcessReadingService()``.
             The loader works on a copy of it.
+        buffer_state: how buffering pipes (``shuffle``) save their samples in snapshots:
+            ``"values"`` (the samples themselves) or ``"positions"`` (each sample's position
+            upstream, re-produced on restore, where the pipes above can: an indexable source
+            followed by ``map``; elsewhere values, and the manifest says why). Positions make a
+            large shuffle buffer's snapshot small; they assume the map functions are
+            deterministic.
 
     Examples:
         >>> from torch.utils.data.datapipes.iter import IterableWrapper
@@ -201,7 +222,10 @@ class DataLoader2(Generic[T_co]):
         datapipe: Any,
         datapipe_adapter_fn: Any = None,
         reading_service: ReadingServiceInterface | None = None,
+        *,
+        buffer_state: BufferState | str = BufferState.VALUES,
     ) -> None:
+        self.buffer_state = BufferState.parse(buffer_state)
         if datapipe is not None and not isinstance(datapipe, (IterDataPipe, MapDataPipe)):
             raise TypeError(_not_a_datapipe(datapipe))
         if isinstance(datapipe, MapDataPipe):
@@ -221,6 +245,7 @@ class DataLoader2(Generic[T_co]):
             )
         self._service_bytes = _serialization.dumps(service, what="reading service")
         self.reading_service: ReadingServiceInterface = _serialization.loads(self._service_bytes)
+        _configure_buffers(self.reading_service, self.buffer_state)
         self.datapipe: Any = None
         self._graph: Graph | None = None
         self._graph_bytes: bytes | None = None
@@ -641,6 +666,7 @@ class DataLoader2(Generic[T_co]):
     def from_snapshot(
         cls, src: Any, reading_service: ReadingServiceInterface | None = None, *,
         strategy: RestoreStrategy | str = "auto", key: bytes | str | None = None,
+        buffer_state: BufferState | str = BufferState.VALUES,
     ) -> DataLoader2[Any]:
         """A loader built from the graph pickled in ``src``, positioned where it was saved.
 
@@ -656,7 +682,7 @@ class DataLoader2(Generic[T_co]):
             )
         if reading_service is None and snap.service is not None:
             reading_service = _serialization.loads(snap.service, what="saved reading service")
-        loader: DataLoader2[Any] = cls(None, reading_service=reading_service)
+        loader: DataLoader2[Any] = cls(None, reading_service=reading_service, buffer_state=buffer_state)
         loader._restore(snap, RestoreStrategy.parse(strategy))
         return loader
 

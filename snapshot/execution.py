@@ -41,6 +41,8 @@ YIELDED = "yielded"
 EXHAUSTED = "exhausted"
 STATE = "state"
 BUFFERED = "buffered"
+#: How a buffering node saved its samples (``"positions"``, or ``"values"`` and why).
+BUFFER_STATE = "buffer_state"
 
 _log = logging.getLogger(__name__)
 
@@ -150,6 +152,7 @@ class Run(Iterator[Any]):
         ports: pre-built cells for some nodes (a logical shard's input, say).
         records: saved node records to restore from (``None``: start of the epoch).
         plan: with ``records``, which nodes to replay instead of loading.
+        buffer_state: how buffering pipes save their samples (``"values"`` or ``"positions"``).
     """
 
     def __init__(
@@ -162,8 +165,10 @@ class Run(Iterator[Any]):
         ports: Mapping[str, Any] | None = None,
         records: Mapping[str, NodeRecord] | None = None,
         plan: Plan | None = None,
+        buffer_state: str = "values",
     ):
         self.graph = graph
+        self.buffer_state = str(getattr(buffer_state, "value", buffer_state))
         self.sink_path = sink
         self.seeds = dict(seeds)
         for path, seed in self.seeds.items():
@@ -207,6 +212,9 @@ class Run(Iterator[Any]):
             inputs = [self._input(p) for p in node.inputs]
             cell = hook.iterator(datapipe, inputs)
             cell._restart = lambda index, path=path: self._restart(path, index)
+            cell.path = path
+            if self.buffer_state != "values":
+                cell.buffer_state = self.buffer_state
             if record is not None and record.get(STATE) is not None:
                 cell.load_state_dict({YIELDED: record[YIELDED], STATE: record[STATE]})
         else:
@@ -384,6 +392,9 @@ class Run(Iterator[Any]):
                 state = hook.state_dict(cell.datapipe)
             records[path] = {YIELDED: count, EXHAUSTED: bool(getattr(cell, "exhausted", False)),
                              STATE: state, BUFFERED: buffered}
+            note = cell.buffer_note() if isinstance(cell, ResumableIterator) else None
+            if note is not None:
+                records[path][BUFFER_STATE] = note
         return records
 
     def close(self) -> None:

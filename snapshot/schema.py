@@ -450,17 +450,23 @@ class NodePosition:
     state_bytes: int | None = None
     buffered: int = 0
     restore: str | None = None
+    #: For a buffering node: how its samples were saved, ``"positions"`` or ``"values[: why]"``.
+    buffer_state: str | None = None
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "node") -> NodePosition:
         f = _Fields(value, where)
         return cls(yielded=f.get("yielded", _int, None), state_bytes=f.get("state_bytes", _int, None),
                    buffered=f.get("buffered", _int, 0),
-                   restore=f.get("restore", lambda v, w: _choice(v, w, RESTORE_METHODS), None))
+                   restore=f.get("restore", lambda v, w: _choice(v, w, RESTORE_METHODS), None),
+                   buffer_state=f.get("buffer_state", _str, None))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"yielded": self.yielded, "state_bytes": self.state_bytes, "buffered": self.buffered,
-                "restore": self.restore}
+        out: dict[str, Any] = {"yielded": self.yielded, "state_bytes": self.state_bytes, "buffered": self.buffered,
+                               "restore": self.restore}
+        if self.buffer_state is not None:
+            out["buffer_state"] = self.buffer_state
+        return out
 
 
 @dataclass(frozen=True)
@@ -485,15 +491,20 @@ class PlanSummary:
 
     drivers: tuple[Driver, ...] = ()
     reasons: dict[str, str] = field(default_factory=dict)
+    #: How each buffering node saved its samples (``buffer_state`` of its :class:`NodePosition`).
+    buffers: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "plan") -> PlanSummary:
         f = _Fields(value, where)
         return cls(drivers=f.get("drivers", lambda v, w: _records(v, w, Driver.from_dict), ()),
-                   reasons=f.get("reasons", _texts, {}))
+                   reasons=f.get("reasons", _texts, {}), buffers=f.get("buffers", _texts, {}))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"drivers": [d.to_dict() for d in self.drivers], "reasons": dict(self.reasons)}
+        out: dict[str, Any] = {"drivers": [d.to_dict() for d in self.drivers], "reasons": dict(self.reasons)}
+        if self.buffers:
+            out["buffers"] = dict(self.buffers)
+        return out
 
 
 def _positions(value: Any, where: str) -> dict[str, NodePosition]:

@@ -111,10 +111,11 @@ def default_cuts(lengths: Sequence[int]) -> list[Cut]:
     return sorted(cuts, key=lambda c: (c.epoch, c.samples, c.finished, c.then or -1))
 
 
-def _loader(factory: Callable[[], Any], service: Callable[[], Any] | None, seed: int) -> Any:
+def _loader(factory: Callable[[], Any], service: Callable[[], Any] | None, seed: int,
+            buffer_state: str = "values") -> Any:
     from snapshot import DataLoader2
 
-    loader: Any = DataLoader2(factory(), reading_service=service() if service else None)
+    loader: Any = DataLoader2(factory(), reading_service=service() if service else None, buffer_state=buffer_state)
     loader.seed(seed)
     return loader
 
@@ -143,12 +144,13 @@ Continuation = tuple[list[list[Any]], bytes | None]
 
 
 def _continue(factory: Callable[[], Any], service: Callable[[], Any] | None, data: bytes,
-              strategy: str, epochs_left: int, second_cut: int | None) -> Continuation:
+              strategy: str, epochs_left: int, second_cut: int | None, buffer_state: str = "values") -> Continuation:
     """Restore ``data`` into a fresh loader and read ``epochs_left`` epochs (the first partial)."""
     from snapshot import DataLoader2
 
     loader: Any
-    with DataLoader2(factory(), reading_service=service() if service else None) as loader:
+    with DataLoader2(factory(), reading_service=service() if service else None,
+                     buffer_state=buffer_state) as loader:
         loader.restore_snapshot(io.BytesIO(data), strategy=strategy)
         if second_cut is not None:
             it = iter(loader)
@@ -203,6 +205,7 @@ def assert_resumes_exactly(
     strategies: Sequence[str] = ("auto",),
     fresh_process: bool = False,
     via_file: bool = True,
+    buffer_state: str = "values",
 ) -> ResumeReport:
     """Check that every cut of ``factory()``'s graph resumes to the uninterrupted stream.
 
@@ -217,6 +220,7 @@ def assert_resumes_exactly(
         fresh_process: restore and continue in a new (spawned) process; ``factory`` and the
             services must then be picklable (module-level functions or ``functools.partial``).
         via_file: write the snapshot to a real file and read it back (else keep it in memory).
+        buffer_state: the loaders' ``buffer_state`` (``"values"`` or ``"positions"``).
 
     Raises:
         AssertionError: naming the cut, the strategy and the first differing sample.
@@ -238,7 +242,7 @@ def assert_resumes_exactly(
     report = ResumeReport(lengths, strategies=list(strategies))
     restore_with = restore_service or reading_service
     for cut in (list(cuts) if cuts is not None else default_cuts(lengths)):
-        with _loader(factory, reading_service, seed) as loader:
+        with _loader(factory, reading_service, seed, buffer_state) as loader:
             _take_to(loader, cut.epoch, cut.samples, cut.finished)
             snap = loader.save_snapshot()
         data = snap.to_bytes()
@@ -253,12 +257,12 @@ def assert_resumes_exactly(
             blob = data
             if cut.then is not None:
                 _, second = _run_continuation(
-                    fresh_process, (factory, restore_with, blob, strategy, 0, cut.then - cut.samples))
+                    fresh_process, (factory, restore_with, blob, strategy, 0, cut.then - cut.samples, buffer_state))
                 assert second is not None
                 blob, position = second, cut.then
             epochs_left = epochs - cut.epoch - (1 if cut.finished else 0)
             streams, _ = _run_continuation(
-                fresh_process, (factory, restore_with, blob, strategy, epochs_left, None))
+                fresh_process, (factory, restore_with, blob, strategy, epochs_left, None, buffer_state))
             expected = [] if cut.finished else [reference[cut.epoch][position:]]
             expected += reference[cut.epoch + 1:]
             for offset, (want, got) in enumerate(zip(expected, streams)):

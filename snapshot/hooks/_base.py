@@ -57,6 +57,11 @@ class ResumableIterator(Iterator[Any], ABC):
     #: pipe must reproduce exactly; after a restore that replays the pipe, the engine compares
     #: them with the saved ones and refuses a replay that ended somewhere else.
     replay_checked: ClassVar[tuple[str, ...]] = ()
+    #: ``True`` for pipes that turn each input sample into one output sample, with no state
+    #: (``map``): a buffer below them can be saved by position (see :mod:`._positions`).
+    elementwise: ClassVar[bool] = False
+    #: How this pipe saves buffered samples (set by the engine from the loader's option).
+    buffer_state: str = "values"
 
     def __init__(self, datapipe: Any, inputs: Sequence[Any]):
         self.datapipe = datapipe
@@ -99,6 +104,15 @@ class ResumableIterator(Iterator[Any], ABC):
     def buffered(self) -> int:
         """Samples held in buffers (shown by ``snapshot inspect``)."""
         return 0
+
+    def buffer_note(self) -> str | None:
+        """For a buffering pipe, how its buffer is saved (``"positions"``, or ``"values"`` and why)."""
+        return None
+
+    def lookup(self) -> Callable[[int], Any] | None:
+        """For a source: a function from a position in this epoch's stream to the sample there,
+        if the source can be indexed (else ``None``)."""
+        return None
 
     def restart_input(self, index: int) -> Any:
         """Start input ``index`` over (a fresh iteration of its whole subgraph), as the

@@ -274,7 +274,7 @@ def restore_plans(graphs: Mapping[int, Graph], topology: Topology, saved: Mappin
 
 def start_upstream(graph: Graph, routers: Sequence[str], prefix: frozenset[str], count: int, shards: Sequence[int],
                    seeds: EpochSeeds, saved: Mapping[str, Any] | None, replayed: set[int],
-                   strategy: RestoreStrategy) -> tuple[Run, dict[str, Router]]:
+                   strategy: RestoreStrategy, buffer_state: str = "values") -> tuple[Run, dict[str, Router]]:
     """Run the part above ``routers`` (the nodes in ``prefix``), restored from ``saved`` if given.
 
     When some shard replays up to its router (``replayed``), the part restarts from the
@@ -296,7 +296,8 @@ def start_upstream(graph: Graph, routers: Sequence[str], prefix: frozenset[str],
                                  "next": {s: (s if s in replayed else state["next"][s]) for s in shards}}
                              for r, state in saved["routers"].items()}
     shared = {p: s for p, s in seeds.shared.items() if p in prefix}
-    run = Run(graph, shared, sink=sinks[0], sinks=tuple(sinks[1:]), records=records, plan=plan)
+    run = Run(graph, shared, sink=sinks[0], sinks=tuple(sinks[1:]), records=records, plan=plan,
+              buffer_state=buffer_state)
     built = {r: Router(run.cell(graph[r].inputs[0]), count, shards, routers_state.get(r),
                        outer=_outer(graph[r].datapipe))
              for r in routers}
@@ -322,8 +323,9 @@ class ShardEngine:
     def __init__(self, graph: Graph, make_copy: Callable[[], Any], topology: Topology, count: int,
                  shards: Sequence[int], *, worker: WorkerInfo, init_fn: Callable[..., Any] | None = None,
                  global_rng: GlobalRNG = GlobalRNG.SHARED, protect_caller_rng: bool = True,
-                 remote: RemoteFetch | None = None):
+                 remote: RemoteFetch | None = None, buffer_state: str = "values"):
         self.topology = topology
+        self.buffer_state = buffer_state
         self._remote = remote if topology.dispatchers else None
         self.count = count
         self.shards = list(shards)
@@ -372,7 +374,7 @@ class ShardEngine:
         local = topology.filters if self._remote is not None else topology.routers
         if local:
             self._upstream, routers = start_upstream(graph, local, self._prefix, self.count, self.shards, seeds,
-                                                     upstream_state, replayed, strategy)
+                                                     upstream_state, replayed, strategy, self.buffer_state)
             self._routers.update(routers)
         if self._remote is not None:
             for path in topology.dispatchers:
@@ -402,7 +404,7 @@ class ShardEngine:
                 for path, port in ports.items():
                     port.yielded = int(records.get(path, {}).get("yielded") or 0)
         own = {p: s for p, s in seeds.for_shard(shard).items() if p in self._downstream}
-        return Run(graph, own, ports=ports, records=records, plan=plan)
+        return Run(graph, own, ports=ports, records=records, plan=plan, buffer_state=self.buffer_state)
 
     # -- iterating ------------------------------------------------------------------------
 

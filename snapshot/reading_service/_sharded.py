@@ -68,11 +68,12 @@ class LocalExecutor:
     """One engine, in this process, for every owned shard."""
 
     def __init__(self, graph: Graph, template: bytes, topology: Topology, count: int, shards: Sequence[int],
-                 global_rng: GlobalRNG):
+                 global_rng: GlobalRNG, buffer_state: str = "values"):
         self.topology = topology
         self.shards = list(shards)
         self.engine = ShardEngine(graph, lambda: _serialization.loads_graph(template), topology, count, shards,
-                                  worker=WorkerInfo(1, 0), global_rng=global_rng, protect_caller_rng=True)
+                                  worker=WorkerInfo(1, 0), global_rng=global_rng, protect_caller_rng=True,
+                                  buffer_state=buffer_state)
 
     def start(self, seeds: EpochSeeds, state: Mapping[str, Any] | None = None,
               strategy: RestoreStrategy = RestoreStrategy.AUTO) -> None:
@@ -93,6 +94,9 @@ class LocalExecutor:
 
 class ShardedService(ReadingServiceInterface):
     """Base of the services that run logical shards; see the module docstring."""
+
+    #: How buffering pipes save their samples; set by ``DataLoader2(buffer_state=...)``.
+    buffer_state: str = "values"
 
     def __init__(self, *, logical_shards: int | None, global_rng: GlobalRNG | str):
         self.logical_shards = logical_shards

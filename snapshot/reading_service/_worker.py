@@ -136,7 +136,8 @@ def _serve(requests: Connection, sender: transport.Sender, setup: bytes, parent:
         engine = ShardEngine(graph, lambda: _serialization.loads_graph(template),
                              analyze(graph).for_shards(config["count"]), config["count"],
                              config["shards"], worker=config["worker"], init_fn=config["init_fn"],
-                             global_rng=config["global_rng"], protect_caller_rng=False, remote=fetch)
+                             global_rng=config["global_rng"], protect_caller_rng=False, remote=fetch,
+                             buffer_state=config.get("buffer_state", "values"))
     except BaseException as exc:  # noqa: BLE001 - reported to the main process, which raises it
         _send(("fatal", describe_error(exc)))
         return

@@ -61,7 +61,7 @@ class InProcessReadingService(ShardedService):
     def _make_executor(self, datapipe: Any, graph: Graph, topology: Topology, count: int,
                        shards: list[int]) -> Executor:
         template = _serialization.dumps_graph(datapipe) if len(shards) > 1 else b""
-        return LocalExecutor(graph, template, topology, count, shards, self.global_rng)
+        return LocalExecutor(graph, template, topology, count, shards, self.global_rng, self.buffer_state)
 
     def _layout(self) -> dict[str, Any]:
         return {"logical_shards": self._count, "workers": 0, "ranks": 1,

@@ -105,7 +105,8 @@ class WorkerPool:
 
     def __init__(self, *, context: Any, template: bytes, topology: Topology, count: int, shards: Sequence[int],
                  num_workers: int, init_fn: Any, global_rng: GlobalRNG, timeout: float, prefetch: int,
-                 dispatcher: Dispatcher | None = None, dispatched: frozenset[str] = frozenset()):
+                 dispatcher: Dispatcher | None = None, dispatched: frozenset[str] = frozenset(),
+                 buffer_state: str = "values"):
         self.count = count
         self.topology = topology
         self.dispatcher = dispatcher
@@ -123,7 +124,8 @@ class WorkerPool:
                 mine = [s for s in shards if self.owner[s] == index]
                 setup = _serialization.dumps({"graph": template, "count": count, "shards": mine,
                                               "worker": WorkerInfo(num_workers, index), "init_fn": init_fn,
-                                              "global_rng": GlobalRNG(global_rng)}, what="worker set-up")
+                                              "global_rng": GlobalRNG(global_rng), "buffer_state": buffer_state},
+                                             what="worker set-up")
                 requests_out, requests_in = context.Pipe(duplex=False)
                 results_out, results_in = context.Pipe(duplex=False)
                 _widen(results_in)
@@ -450,7 +452,7 @@ class MultiProcessingReadingService(ShardedService):
         if self.num_workers == 0:
             self._running = 0
             return LocalExecutor(graph, template if len(shards) > 1 else b"", topology, count, shards,
-                                 self.global_rng)
+                                 self.global_rng, self.buffer_state)
         workers = self.num_workers
         if not topology.sharded and workers > 1:
             warnings.warn(
@@ -470,7 +472,7 @@ class MultiProcessingReadingService(ShardedService):
         return WorkerPool(context=self._context(), template=template, topology=topology, count=count,
                           shards=shards, num_workers=workers, init_fn=self.worker_init_fn,
                           global_rng=self.global_rng, timeout=self.timeout, prefetch=self.prefetch_factor,
-                          dispatcher=dispatcher, dispatched=analyze(graph).dispatched)
+                          dispatcher=dispatcher, dispatched=analyze(graph).dispatched, buffer_state=self.buffer_state)
 
     def _layout(self) -> dict[str, Any]:
         assignment = {str(s): i % max(self._running, 1) for i, s in enumerate(self._owned)}

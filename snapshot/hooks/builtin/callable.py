@@ -12,6 +12,8 @@ from snapshot.hooks._base import Stateless
 class MapperIterator(Stateless):
     """``Mapper``/``Collator``: ``fn`` applied to each input sample."""
 
+    elementwise = True
+
     def __init__(self, datapipe: Any, inputs: Any):
         super().__init__(datapipe, inputs)
         self._src = inputs[0]

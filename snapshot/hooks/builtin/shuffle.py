@@ -1,19 +1,29 @@
-"""``Shuffler``: the reservoir buffer and its random generator, saved by value."""
+"""``Shuffler``: the reservoir buffer and its random generator, saved by value or by position."""
 
 from __future__ import annotations
 
+import logging
 import random
 from typing import Any
 
 import torch
 
+from snapshot.errors import RestoreError
 from snapshot.hooks._base import ResumableIterator
+from snapshot.hooks._positions import BufferState, Reproducer, reproducer_for
 from snapshot.hooks.builtin._rng import rng_state, set_rng_state
+
+logger = logging.getLogger(__name__)
 
 ENABLED = "enabled"
 RNG = "rng"
 BUFFER = "buffer"
 DRAINING = "draining"
+#: With ``buffer_state="positions"``: per buffered sample, its position in the input's
+#: stream (``None`` where only the value is known; that value is then in ``BUFFER``).
+POSITIONS = "positions"
+
+_UNDECIDED = object()
 
 
 def consume_seed(datapipe: Any, rng: random.Random) -> None:
@@ -30,6 +40,9 @@ class ShufflerIterator(ResumableIterator):
     """Fills a buffer of ``buffer_size``, then swaps each new sample with a random one.
 
     Consumes the pipe's seed at the start of the epoch, exactly like ``Shuffler.reset()``.
+    With ``buffer_state="positions"`` and an input that can re-produce its samples (see
+    :mod:`snapshot.hooks._positions`), it also keeps each buffered sample's input position,
+    and saves those instead of the samples.
     """
 
     replay_checked = (RNG, DRAINING)
@@ -42,12 +55,30 @@ class ShufflerIterator(ResumableIterator):
         self._buffer: list[Any] = []
         self._draining = False
         self._rng = random.Random()
+        #: Input positions parallel to ``_buffer`` (``None``: saved by value).
+        self._positions: list[int | None] | None = None
+        self._reproducer: Any = _UNDECIDED
         if self._enabled:
             consume_seed(datapipe, self._rng)
+
+    def _by_position(self) -> Reproducer | str:
+        """Decide once whether this buffer can be saved by position."""
+        if self._reproducer is _UNDECIDED:
+            self._reproducer = reproducer_for(self._src)
+            if isinstance(self._reproducer, Reproducer):
+                self._positions = [None] * len(self._buffer)
+            else:
+                logger.warning("shuffle buffer at %s keeps its samples by value: %s", self.path, self._reproducer)
+        result: Reproducer | str = self._reproducer
+        return result
 
     def next(self) -> Any:
         if not self._enabled:
             return next(self._src)
+        if self.buffer_state == BufferState.POSITIONS and self._reproducer is _UNDECIDED:
+            self._by_position()
+        if self._positions is not None:
+            return self._next_tracked(self._positions)
         buffer = self._buffer
         randint = self._rng.randint
         if not self._draining:
@@ -64,17 +95,72 @@ class ShufflerIterator(ResumableIterator):
             return buffer.pop(randint(0, len(buffer) - 1))
         raise StopIteration
 
+    def _next_tracked(self, positions: list[int | None]) -> Any:
+        """:meth:`next`, keeping each buffered sample's input position (the same draws)."""
+        buffer, src = self._buffer, self._src
+        randint = self._rng.randint
+        if not self._draining:
+            size = self._size
+            for x in src:
+                if len(buffer) == size:
+                    index = randint(0, size - 1)
+                    value = buffer[index]
+                    buffer[index] = x
+                    positions[index] = src.yielded - 1
+                    return value
+                buffer.append(x)
+                positions.append(src.yielded - 1)
+            self._draining = True
+        if buffer:
+            index = randint(0, len(buffer) - 1)
+            positions.pop(index)
+            return buffer.pop(index)
+        raise StopIteration
+
     def buffered(self) -> int:
         return len(self._buffer)
 
+    def buffer_note(self) -> str | None:
+        if self.buffer_state != BufferState.POSITIONS:
+            return BufferState.VALUES.value
+        reproducer = self._by_position() if self._enabled else "shuffling is disabled"
+        if isinstance(reproducer, str):
+            return f"{BufferState.VALUES.value}: {reproducer}"
+        unknown = sum(p is None for p in self._positions or [])
+        if unknown:
+            return f"{BufferState.POSITIONS.value} ({unknown} samples restored by value still buffered)"
+        return BufferState.POSITIONS.value
+
     def get_state(self) -> dict[str, Any]:
         # a disabled shuffler never draws: its (unseeded) generator is not part of the position
-        return {ENABLED: self._enabled, RNG: rng_state(self._rng) if self._enabled else None,
-                BUFFER: list(self._buffer), DRAINING: self._draining}
+        state = {ENABLED: self._enabled, RNG: rng_state(self._rng) if self._enabled else None,
+                 DRAINING: self._draining}
+        by_position = (self.buffer_state == BufferState.POSITIONS and self._enabled
+                       and isinstance(self._by_position(), Reproducer))
+        if by_position and self._positions is not None:
+            positions = self._positions
+            state[POSITIONS] = list(positions)
+            state[BUFFER] = [x if p is None else None for x, p in zip(self._buffer, positions)]
+        else:
+            state[BUFFER] = list(self._buffer)
+        return state
 
     def set_state(self, state: dict[str, Any]) -> None:
         self._enabled = bool(state[ENABLED])
         if state[RNG] is not None:
             set_rng_state(self._rng, state[RNG])
-        self._buffer = list(state[BUFFER])
         self._draining = bool(state[DRAINING])
+        positions = state.get(POSITIONS)
+        if positions is None:
+            self._buffer = list(state[BUFFER])
+            return
+        reproducer = reproducer_for(self._src)
+        if isinstance(reproducer, str):
+            raise RestoreError(
+                f"the shuffle buffer at {self.path} was saved by position, but {reproducer}. Restore "
+                "with the graph the snapshot was taken on.")
+        values = state[BUFFER]
+        self._buffer = [values[i] if p is None else reproducer(int(p)) for i, p in enumerate(positions)]
+        if self.buffer_state == BufferState.POSITIONS:
+            self._positions = list(positions)
+            self._reproducer = reproducer

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from snapshot.hooks._base import ResumableIterator
@@ -42,6 +42,22 @@ class PositionedSource(ResumableIterator):
             it = self._start()
         return next(it)
 
+    def indexable(self) -> bool:
+        """Whether :meth:`source` can be indexed (checked without building it when possible)."""
+        return isinstance(self.source(), Sequence)
+
+    def lookup(self) -> Callable[[int], Any] | None:
+        if not self.indexable():
+            return None
+        made: list[Any] = []
+
+        def at(position: int) -> Any:
+            if not made:
+                made.append(self.source())
+            return made[0][position]
+
+        return at
+
     def get_state(self) -> dict[str, Any]:
         return {POSITION: self.yielded}
 
@@ -54,6 +70,9 @@ class IterableWrapperIterator(PositionedSource):
     """``IterableWrapper``: the wrapped iterable, deep-copied per epoch as the original does."""
 
     what = "IterableWrapper's iterable"
+
+    def indexable(self) -> bool:
+        return isinstance(self.datapipe.iterable, Sequence)
 
     def source(self) -> Iterable[Any]:
         source = self.datapipe.iterable

@@ -159,6 +159,13 @@ class MapToIterIterator(PositionedSource):
     def next(self) -> Any:
         return self.datapipe.datapipe[super().next()]
 
+    def lookup(self) -> Callable[[int], Any] | None:
+        indices = super().lookup()
+        if indices is None:
+            return None
+        datapipe = self.datapipe.datapipe
+        return lambda position: datapipe[indices(position)]
+
 
 class _Expanding(ResumableIterator):
     """Pipes that turn one input sample (or batch) into several outputs."""

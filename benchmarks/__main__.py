@@ -1,13 +1,14 @@
-"""``python -m benchmarks {restore,iterate,workers,distributed,all} [--json PATH] [--repeat N]``."""
+"""``python -m benchmarks {restore,iterate,workers,distributed,scale,all} [--json PATH] [--repeat N]``."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from benchmarks import distributed, iterate, restore, workers
+from benchmarks import distributed, iterate, restore, scale, workers
 
-SUITES = {"restore": restore.run, "iterate": iterate.run, "workers": workers.run, "distributed": distributed.run}
+SUITES = {"restore": restore.run, "iterate": iterate.run, "workers": workers.run, "distributed": distributed.run,
+          "scale": scale.run}
 
 
 def main() -> None:

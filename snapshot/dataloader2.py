@@ -23,7 +23,7 @@ from typing import Any, Generic, Literal, TypeVar, overload
 
 from torch.utils.data import IterDataPipe, MapDataPipe
 
-from snapshot import _lightning_guard, _rotation, _serialization, _staging
+from snapshot import _lightning_guard, _rotation, _serialization, _staging, _storage
 from snapshot._background import BackgroundSaver
 from snapshot._fingerprint import sample_fingerprint
 from snapshot.capture import (
@@ -506,7 +506,7 @@ class DataLoader2(Generic[T_co]):
         self._saver.wait()
         if blocking:
             return self._save_now(dest, include_graph=include_graph, keep_last=keep_last, key=key, verify=verify)
-        if dest is None or not isinstance(dest, (str, os.PathLike)):
+        if dest is None or not isinstance(dest, (str, os.PathLike)):  # a path or a URL
             raise TypeError(
                 f"save_snapshot(blocking=False) writes to a path, got {type(dest).__name__}; pass a "
                 "path, or use blocking=True to write to a file object or to get the Snapshot")
@@ -529,8 +529,12 @@ class DataLoader2(Generic[T_co]):
 
     def _save_now(self, dest: PathOrFile | None, *, include_graph: bool, keep_last: int | None,
                   key: bytes | str | None, verify: int) -> Snapshot:
-        snap = capture(self, include_graph=include_graph, verify=verify)
         collective = self._collective()
+        if collective is not None and _storage.is_url(dest):
+            raise SnapshotError(
+                f"{dest}: a distributed snapshot is a directory of parts, which needs a filesystem path for "
+                "now (object-storage URLs hold single-process snapshots); save to a shared directory")
+        snap = capture(self, include_graph=include_graph, verify=verify)
         if dest is not None and collective is not None:
             # a directory: every rank writes its part, rank 0 the manifest
             collective.save_directory(snap.to_bytes(key=key), snap.manifest, dest, key)

@@ -49,7 +49,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, Union
 
-from snapshot import schema
+from snapshot import _storage, schema
 from snapshot.errors import (
     CorruptSnapshotError,
     EmptySnapshotError,
@@ -299,6 +299,8 @@ def _read_all(src: PathOrFile) -> bytes:
     _check_readable(src)
     if isinstance(src, (bytes, bytearray, memoryview)):
         return bytes(src)
+    if _storage.is_url(src):
+        return _storage.read_bytes(str(src))
     if isinstance(src, (str, os.PathLike)):
         try:
             with open(src, "rb") as f:
@@ -391,6 +393,8 @@ def read_manifest(src: PathOrFile) -> dict[str, Any]:
     """
     _check_readable(src)
     source = _source_name(src)
+    if _storage.is_url(src):
+        src = io.BytesIO(_storage.read_bytes(str(src)))
     if isinstance(src, (str, os.PathLike)) and os.path.isdir(src) \
             and os.path.exists(os.path.join(src, DIRECTORY_MANIFEST)):
         src = os.path.join(src, DIRECTORY_MANIFEST)  # a distributed snapshot: its global manifest
@@ -500,6 +504,9 @@ def atomic_write(dest: PathOrFile, data: bytes | Sequence[bytes], *,
     """
     _check_writable(dest)
     chunks = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
+    if _storage.is_url(dest):
+        _storage.write_bytes(str(dest), chunks)
+        return
     if not isinstance(dest, (str, os.PathLike)):
         for chunk in chunks:
             dest.write(chunk)

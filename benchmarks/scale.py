@@ -129,7 +129,7 @@ def run(repeat: int = 1, json_path: str | None = None, large: bool = False) -> d
     for size in ITEMS:
         for buffer in BUFFERS:
             if size * buffer > 1e9 and not large:
-                rows.append([f"{buffer:,}", f"{size // 1024} KiB", "skipped (--large)", "", "", "", "", "", ""])
+                rows.append([f"{buffer:,}", f"{size // 1024} KiB", "skipped (--large)", *[""] * 8])
                 continue
             dcp = _measure("dcp", buffer, size, "values")
             for option in OPTIONS:
@@ -145,9 +145,11 @@ def run(repeat: int = 1, json_path: str | None = None, large: bool = False) -> d
                              f"{background['blocking'] * 1e3:,.1f} ms ({background['blocking'] / sync['sync']:.1%})",
                              f"{background['total'] * 1e3:,.1f} ms", f"{sync['restore'] * 1e3:,.1f} ms",
                              f"{_mb(max(sync['peak'], 0))} ({max(sync['peak'], 0) / sync['size']:.2f}x)",
+                             f"{_mb(max(background['peak'], 0))} ({max(background['peak'], 0) / sync['size']:.2f}x)",
                              f"{dcp['blocking'] * 1e3:,.1f} / {dcp['total'] * 1e3:,.1f} ms"])
             print(table(["buffer", "item", "buffer_state", "snapshot", "sync save", "blocking (bg)", "total (bg)",
-                         "restore", "save peak RSS (x size)", "DCP async blocking / total"], rows), flush=True)
+                         "restore", "peak RSS, sync (x size)", "peak RSS, bg (x size)",
+                         "DCP async blocking / total"], rows), flush=True)
             print()
     save_json(json_path, {"scale": figures})
     return {"scale": figures}

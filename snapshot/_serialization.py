@@ -51,9 +51,9 @@ def cooperative() -> Iterator[None]:
 
 
 def _pickle(obj: Any) -> bytes:
-    if not getattr(_local, "cooperative", False):
-        return _PICKLE + pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    out = _Frames()
+    # the tag and the pickle go into one buffer: ``tag + pickle.dumps()`` would copy the
+    # whole pickle once more (a large buffered state twice in memory)
+    out = _Frames() if getattr(_local, "cooperative", False) else io.BytesIO()
     out.write(_PICKLE)
     pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
     return out.getvalue()

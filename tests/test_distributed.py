@@ -326,3 +326,21 @@ def test_a_manifest_naming_files_outside_the_directory_is_refused(tmp_path) -> N
     (directory / "manifest.snap").write_bytes(fmt.pack(manifest, b""))
     with pytest.raises(snapshot.CorruptSnapshotError, match="not a part file name"):
         snapshot.load(str(directory))
+
+
+def save_in_background_at(rank, world, steps, directory):
+    with snapshot.DataLoader2(unique_graph(), reading_service=service(0)) as loader:
+        loader.seed(11)
+        seen, it = read(loader, steps)
+        future = loader.save_snapshot(directory, blocking=False)  # a collective: synchronous across ranks
+        done = future.done()
+        path = future.result(timeout=60)
+        return {"seen": seen, "rest": list(it), "following": list(loader), "done": done, "path": path}
+
+
+def test_a_background_save_across_ranks_is_a_done_future(tmp_path) -> None:
+    directory = str(tmp_path / "data.snap")
+    before = run_ranks(2, save_in_background_at, 4, directory)
+    assert all(r["done"] and r["path"] == directory for r in before)
+    after = run_ranks(2, restore_from, 0, directory)
+    check_exactly_once(before, after)

@@ -121,6 +121,7 @@ def test_an_upstream_that_cannot_reproduce_keeps_values_and_says_why(caplog) -> 
         snap = dl.save_snapshot()
     note = shuffle_record(snap, "0")["buffer_state"]
     assert note.startswith("values: ") and "FilterIterDataPipe" in note
+    assert snap.manifest["shards"][0]["plan"]["buffers"] == {"0": note}
     assert any("by value" in r.getMessage() and "FilterIterDataPipe" in r.getMessage() for r in caplog.records)
 
 

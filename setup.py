@@ -55,6 +55,8 @@ TESTING = [
     "hypothesis>=6.100",
 ]
 EXTRAS["dev"] = EXTRAS["demo"] + EXTRAS["docs"] + EXTRAS["cli"] + EXTRAS["accelerate"] + EXTRAS["lightning"] + TESTING + [
+    *EXTRAS["storage"],
+    "moto[server]>=5.0,<6",  # the S3-compatible server tests/test_storage_s3.py starts
     "torchdata==0.9.0",
     "ruff==0.17.6",
     "mypy==2.4.1",

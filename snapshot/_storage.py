@@ -3,8 +3,8 @@
 A path with a scheme (``scheme://...``) is read and written through fsspec, an optional
 dependency (the ``storage`` extra installs fsspec and s3fs). A file is
 written in one upload, which object stores publish only when it completes: a reader sees
-the previous object or the whole new one, never a part. Only the single-file form is
-supported behind a URL for now; a distributed (directory) snapshot needs a filesystem path.
+the previous object or the whole new one, never a part. A distributed snapshot behind a
+URL is a prefix holding an index and the parts (see ``_object_directory``).
 
 This module knows nothing of snapshots: bytes in, bytes out.
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 from snapshot.errors import SnapshotFileError
 
-__all__ = ["is_url", "read_bytes", "write_bytes"]
+__all__ = ["exists", "index_or_object", "is_url", "read_bytes", "remove", "write_bytes"]
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -54,6 +54,26 @@ def write_bytes(url: str, chunks: Sequence[Any]) -> None:
                 f.write(chunk)
     except OSError as exc:
         raise SnapshotFileError(f"cannot write the snapshot: {type(exc).__name__}: {exc}", source=url) from exc
+
+
+def exists(url: str) -> bool:
+    filesystem, path = _filesystem(url)
+    return bool(filesystem.exists(path))
+
+
+def remove(url: str) -> None:
+    """Remove ``url`` and everything under it (best effort: an old prefix left over is harmless)."""
+    filesystem, path = _filesystem(url)
+    try:
+        filesystem.rm(path, recursive=True)
+    except OSError:
+        pass
+
+
+def index_or_object(url: str) -> str:
+    """``url`` itself, or the index of the directory snapshot at ``url``."""
+    index = f"{url.rstrip('/')}/manifest.snap"
+    return index if not exists(url) or exists(index) else url
 
 
 def read_bytes(url: str) -> bytes:

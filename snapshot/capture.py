@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from snapshot import _directory, _progress, _serialization, format, schema
+from snapshot import _directory, _object_directory, _progress, _serialization, format, schema
 from snapshot._version import __version__
 from snapshot.errors import CorruptSnapshotError, ManifestError, SnapshotFileError
 
@@ -432,6 +432,9 @@ def load(src: Any, *, key: bytes | str | None = None) -> Snapshot:
     if not isinstance(src, (str, os.PathLike, bytes, bytearray, memoryview, Mapping)) \
             and not callable(getattr(src, "read", None)):
         raise TypeError(f"snapshot.load() reads {_LOADABLE}; got a {type(src).__name__}")
+    if _object_directory.is_directory(src):
+        manifest, containers = _object_directory.read_parts(str(src), key=key)
+        return merge_parts(manifest, [Snapshot.from_container(c, source=str(src)) for c in containers])
     if _directory.is_directory_snapshot(src):
         index, containers = _directory.read_parts(src, key=key)
         return merge_parts(index.manifest, [Snapshot.from_container(c, source=str(src)) for c in containers])

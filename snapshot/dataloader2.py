@@ -23,7 +23,7 @@ from typing import Any, Generic, Literal, TypeVar, overload
 
 from torch.utils.data import IterDataPipe, MapDataPipe
 
-from snapshot import _lightning_guard, _rotation, _serialization, _staging, _storage
+from snapshot import _lightning_guard, _object_directory, _rotation, _serialization, _staging, _storage
 from snapshot._background import BackgroundSaver
 from snapshot._fingerprint import sample_fingerprint
 from snapshot.capture import (
@@ -530,12 +530,11 @@ class DataLoader2(Generic[T_co]):
     def _save_now(self, dest: PathOrFile | None, *, include_graph: bool, keep_last: int | None,
                   key: bytes | str | None, verify: int) -> Snapshot:
         collective = self._collective()
-        if collective is not None and _storage.is_url(dest):
-            raise SnapshotError(
-                f"{dest}: a distributed snapshot is a directory of parts, which needs a filesystem path for "
-                "now (object-storage URLs hold single-process snapshots); save to a shared directory")
         snap = capture(self, include_graph=include_graph, verify=verify)
-        if dest is not None and collective is not None:
+        if dest is not None and collective is not None and _storage.is_url(dest):
+            # object storage: every rank uploads its part, rank 0 the index last
+            _object_directory.save_directory(collective, snap.to_bytes(key=key), snap.manifest, str(dest), key)
+        elif dest is not None and collective is not None:
             # a directory: every rank writes its part, rank 0 the manifest
             collective.save_directory(snap.to_bytes(key=key), snap.manifest, dest, key)
         elif dest is not None:

@@ -393,8 +393,8 @@ def read_manifest(src: PathOrFile) -> dict[str, Any]:
     """
     _check_readable(src)
     source = _source_name(src)
-    if _storage.is_url(src):
-        src = io.BytesIO(_storage.read_bytes(str(src)))
+    if _storage.is_url(src):  # an object, or a distributed snapshot's index
+        src = io.BytesIO(_storage.read_bytes(_storage.index_or_object(str(src))))
     if isinstance(src, (str, os.PathLike)) and os.path.isdir(src) \
             and os.path.exists(os.path.join(src, DIRECTORY_MANIFEST)):
         src = os.path.join(src, DIRECTORY_MANIFEST)  # a distributed snapshot: its global manifest

@@ -145,3 +145,25 @@ def test_a_kill_during_a_save_to_s3_leaves_the_previous_snapshot(s3, tmp_path) -
         child.wait(30)
     data = snapshot.format.read_container(url)  # verified, never unpickled (Slow lives in the script)
     assert data.manifest["loader"]["yielded"] == 1
+
+
+def test_two_ranks_save_to_and_resume_from_s3_with_no_shared_filesystem(s3, tmp_path, monkeypatch) -> None:
+    from tests.dist import run_ranks
+    from tests.test_distributed import check_exactly_once, restore_from, save_at
+
+    bucket, _ = s3
+    url = f"s3://{bucket}/ckpt/data.snap"
+    monkeypatch.chdir(tmp_path)
+    run_ranks(2, save_at, 0, 3, url)  # a first snapshot, then a second one replaces it
+    before = run_ranks(2, save_at, 0, 5, url)
+    assert list(tmp_path.iterdir()) == []  # nothing written locally
+    import s3fs
+
+    store = s3fs.S3FileSystem()
+    store.invalidate_cache()
+    prefixes = [p for p in store.ls(f"{bucket}/ckpt/data.snap") if not p.endswith("manifest.snap")]
+    assert len(prefixes) == 1  # the previous save's parts were removed after the commit
+    manifest = snapshot.read_manifest(url)
+    assert manifest["service"]["ranks"] == 2 and manifest["loader"]["yielded"] == 10
+    after = run_ranks(2, restore_from, 0, url)
+    check_exactly_once(before, after)

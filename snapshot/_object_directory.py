@@ -1,0 +1,103 @@
+"""A distributed snapshot in object storage: the index written last commits the save.
+
+::
+
+    s3://bucket/ckpt/data.snap/
+        manifest.snap                 the index: the global manifest, with the parts' prefix
+        <token>/rank-00000.snap       rank 0's part, written by rank 0 itself
+        <token>/rank-00001.snap       ...
+
+Object stores have no rename, so a save writes every part under a fresh prefix (``token``)
+first, and rank 0 then overwrites the index, which a store replaces in one piece. A crash
+before that leaves the previous index, whose parts (under their own prefix) are untouched;
+the previous prefix is removed only after the new index is written. Readers check every
+part against the digest the index records for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+from typing import Any
+
+from snapshot import _storage, format
+from snapshot.errors import CorruptSnapshotError, RankError, SnapshotError, SnapshotFileError
+
+__all__ = ["PREFIX", "is_directory", "read_parts", "save_directory"]
+
+#: The index's key naming the prefix its parts live under.
+PREFIX = "parts_prefix"
+_PART_NAME = re.compile(r"rank-\d{5}\.snap")
+_TOKEN = re.compile(r"[0-9a-f]{12}")
+
+
+def _index(url: str) -> str:
+    return f"{url.rstrip('/')}/{format.DIRECTORY_MANIFEST}"
+
+
+def is_directory(url: Any) -> bool:
+    """Whether ``url`` is a directory snapshot in object storage (it holds an index)."""
+    return _storage.is_url(url) and _storage.exists(_index(str(url)))
+
+
+def read_parts(url: str, *, key: bytes | str | None = None) -> tuple[dict[str, Any], list[format.Container]]:
+    """The global manifest and every rank's part, each verified against the index."""
+    index = _index(url)
+    manifest = format.read_container(index, key=key).manifest
+    prefix = manifest.get(PREFIX)
+    if not isinstance(prefix, str) or not _TOKEN.fullmatch(prefix):
+        raise CorruptSnapshotError(f"the index names no valid parts prefix ({prefix!r})", source=index)
+    parts = []
+    for entry in manifest.get("parts", []):
+        name = entry.get("file") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not _PART_NAME.fullmatch(name):
+            raise CorruptSnapshotError(f"the index lists a part named {name!r}, which is not a part file name",
+                                       source=index)
+        part_url = f"{url.rstrip('/')}/{prefix}/{name}"
+        data = _storage.read_bytes(part_url)
+        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise CorruptSnapshotError(f"{name} does not match the digest the index recorded for it", source=url)
+        parts.append(format.unpack(data, source=part_url, key=key))
+    if not parts:
+        raise CorruptSnapshotError("the index lists no parts", source=index)
+    return manifest, parts
+
+
+def save_directory(collective: Any, part: bytes, manifest: dict[str, Any], dest: str,
+                   key: bytes | str | None) -> None:
+    """Each rank uploads ``part``; rank 0 then writes the index (the commit). A collective."""
+    from snapshot.capture import distributed_manifest, part_info
+
+    url = dest.rstrip("/")
+    token = collective.broadcast(uuid.uuid4().hex[:12], "agreeing on a snapshot prefix")
+    error = None
+    try:
+        _storage.write_bytes(f"{url}/{token}/rank-{collective.rank:05d}.snap", [part])
+    except SnapshotError as exc:
+        error = str(exc)
+    infos = collective.all_gather({**part_info(collective.rank, manifest, part), "error": error},
+                                  "writing the parts of a snapshot")
+    failed = [i for i in infos if i["error"]]
+    if failed:
+        if collective.rank == 0:
+            _storage.remove(f"{url}/{token}")
+        raise RankError("the snapshot was not written (the previous one is intact): " +
+                        "; ".join(f"rank {i['rank']} could not write its part: {i['error']}" for i in failed))
+    if collective.rank == 0:
+        try:
+            previous = None
+            if _storage.exists(_index(url)):
+                try:
+                    previous = format.read_manifest(_index(url)).get(PREFIX)
+                except SnapshotFileError:
+                    previous = None
+            index = {**distributed_manifest(infos), PREFIX: token}
+            _storage.write_bytes(_index(url), format.pack_parts(index, b"", key=key))
+            if isinstance(previous, str) and _TOKEN.fullmatch(previous) and previous != token:
+                _storage.remove(f"{url}/{previous}")
+        except SnapshotError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+    done = collective.broadcast(error, "publishing a snapshot")
+    if done is not None:
+        raise RankError(f"the snapshot was not published (the previous one is intact): rank 0: {done}")

@@ -167,3 +167,16 @@ def test_two_ranks_save_to_and_resume_from_s3_with_no_shared_filesystem(s3, tmp_
     assert manifest["service"]["ranks"] == 2 and manifest["loader"]["yielded"] == 10
     after = run_ranks(2, restore_from, 0, url)
     check_exactly_once(before, after)
+
+
+def test_the_command_line_inspects_and_verifies_a_snapshot_on_s3(s3, tmp_path) -> None:
+    bucket, env = s3
+    url = f"s3://{bucket}/cli/data.snap"
+    with snapshot.DataLoader2(graph()) as dl:
+        dl.seed(2)
+        next(iter(dl))
+        dl.save_snapshot(url)
+    for command in (["inspect", "--json", url], ["verify", url]):
+        out = subprocess.run([sys.executable, "-m", "snapshot", *command], capture_output=True, text=True,
+                             timeout=120, env={**os.environ, **env, "PYTHONPATH": ROOT})
+        assert out.returncode == 0, out.stdout + out.stderr

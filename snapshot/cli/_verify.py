@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from typing import Any
 
+from snapshot import _storage
 from snapshot import format as fmt
 from snapshot._version import __version__
 from snapshot.cli._exit import EXIT_INVALID, EXIT_OK, EXIT_PROBLEM, CommandError
@@ -183,6 +184,14 @@ def _payload(view: View, container: fmt.Container) -> Check:
                                 "not unpickled")
 
 
+def _read(path: str) -> bytes:
+    """A file's bytes, or an object's behind an fsspec URL."""
+    if _storage.is_url(path):
+        return _storage.read_bytes(path)
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def _part(source: Source, part: PartFile, key: bytes | str | None, key_source: str | None) -> Check:
     """One rank's part of a distributed snapshot: present, as recorded, and sound on its own."""
     label = f"rank {part.rank}"
@@ -231,8 +240,7 @@ def verify(source: Source, key: bytes | str | None, key_source: str | None,
         view = read_view(manifest, path)
     except CorruptSnapshotError as exc:
         return [*checks, Check("manifest", FAIL, _reason(exc, path))]
-    with open(path, "rb") as f:
-        data = f.read()
+    data = _read(path)
     try:
         container = fmt.unpack(data, source=path, key=key)
     except SignatureError as exc:
@@ -279,7 +287,7 @@ def _report(path: str, checks: list[Check]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not os.path.exists(args.file):
+    if not _storage.is_url(args.file) and not os.path.exists(args.file):
         raise CommandError(f"{args.file}: no such file", EXIT_INVALID)
     source = locate(args.file)  # a file, or a distributed snapshot's directory
     key, key_source = _key(args)

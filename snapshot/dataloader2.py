@@ -104,6 +104,7 @@ def _map_to_iter(datapipe: Any) -> Any:
         ) from None
     return datapipe.to_iter_datapipe()
 
+
 def _configure_buffers(service: Any, buffer_state: BufferState) -> None:
     """Tell every service that runs graph parts (nested ones included) how to save buffers."""
     seen: set[int] = set()

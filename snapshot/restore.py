@@ -19,11 +19,11 @@ problems are collected and raised together.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from snapshot._choice import Choice
 from snapshot.errors import GraphMismatchError, RestoreError, StrategyError
 
 if TYPE_CHECKING:  # the graph and the hooks import torch: loaded when a restore is planned
@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # the graph and the hooks import torch: loaded when a restore
 __all__ = ["Plan", "RestoreStrategy", "check_graph", "check_restorable", "make_plan", "needs_replay", "restore"]
 
 
-class RestoreStrategy(str, enum.Enum):
+class RestoreStrategy(Choice):
     """How a restore puts the graph back at the saved position."""
 
     FAST_FORWARD = "fast_forward"
@@ -41,14 +41,8 @@ class RestoreStrategy(str, enum.Enum):
     AUTO = "auto"
 
     @classmethod
-    def parse(cls, value: RestoreStrategy | str) -> RestoreStrategy:
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(str(value))
-        except ValueError:
-            choices = ", ".join(repr(s.value) for s in cls)
-            raise ValueError(f"unknown restore strategy {value!r}; choose one of {choices}") from None
+    def label(cls) -> str:
+        return "restore strategy"
 
 
 def check_graph(saved_nodes: list[dict[str, Any]], graph: Graph) -> None:

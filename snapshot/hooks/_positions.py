@@ -13,28 +13,23 @@ the snapshot's manifest says why (``buffer_state`` of the node).
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
 from typing import Any
+
+from snapshot._choice import Choice
 
 __all__ = ["BufferState", "Reproducer", "reproducer_for"]
 
 
-class BufferState(str, enum.Enum):
+class BufferState(Choice):
     """How buffering pipes save the samples they hold."""
 
     VALUES = "values"
     POSITIONS = "positions"
 
     @classmethod
-    def parse(cls, value: BufferState | str) -> BufferState:
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(str(value))
-        except ValueError:
-            choices = ", ".join(repr(s.value) for s in cls)
-            raise ValueError(f"unknown buffer_state {value!r}; choose one of {choices}") from None
+    def label(cls) -> str:
+        return "buffer_state"
 
 
 class Reproducer:

@@ -14,6 +14,7 @@ tails), and in the middle of ``"pad"``'s padding (the saved last sample is repea
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -103,11 +104,28 @@ def save_in_epoch_0(rank: int, world: int, directory: str, at: int | None, shard
         return {"epochs": [first, train_epoch(loader)]}
 
 
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 def resume(rank: int, world: int, directory: str, policy: Any = DEFAULT, factory: Any = graph) -> dict[str, Any]:
-    """The rest of the snapshot's epoch (none if it had ended), then the next epoch."""
-    with snapshot.DataLoader2(factory(), reading_service=service(policy)) as loader:
-        ended = loader.restore_snapshot(directory).manifest["loader"]["epoch_finished"]
-        return {"rest": [] if ended else train_epoch(loader), "next": train_epoch(loader)}
+    """The rest of the snapshot's epoch (none if it had ended), then the next epoch, and the
+    warnings the restore logged."""
+    records = _Records()
+    logger = logging.getLogger("snapshot")
+    logger.addHandler(records)
+    try:
+        with snapshot.DataLoader2(factory(), reading_service=service(policy)) as loader:
+            ended = loader.restore_snapshot(directory).manifest["loader"]["epoch_finished"]
+            return {"rest": [] if ended else train_epoch(loader), "next": train_epoch(loader),
+                    "warnings": records.messages}
+    finally:
+        logger.removeHandler(records)
 
 
 # -- tests ----------------------------------------------------------------------------------------
@@ -172,6 +190,7 @@ def test_after_the_epoch_onto_more_ranks_the_next_epoch_is_theirs(tmp_path) -> N
     for rank in range(3):
         assert resumed[rank]["rest"] == []
         assert resumed[rank]["next"] == three[rank]["epochs"][1]
+        assert resumed[rank]["warnings"] == []  # an ended epoch: the policy has nothing to cut
 
 
 def test_mid_epoch_onto_more_ranks_drop_only_cuts_the_new_shares_tails(tmp_path) -> None:
@@ -188,6 +207,9 @@ def test_mid_epoch_onto_more_ranks_drop_only_cuts_the_new_shares_tails(tmp_path)
         assert even[rank]["rest"] == shares[rank][:length]  # nothing repeated, only tails cut
     following = [x for rank in even for x in rank["next"]]
     assert len(following) == 3 * (SAMPLES // 3) and len(set(following)) == len(following)
+    # the cut is said out loud, once (by rank 0), with the ways to keep every sample
+    warned = [m for rank in even for m in rank["warnings"] if "drops the tails of the longer shares" in m]
+    assert len(warned) == 1 and "restore on 2 rank(s)" in warned[0] and "even_batches=None" in warned[0]
 
 
 def restore_shares(rank: int, world: int, directory: str) -> list[int]:

@@ -44,6 +44,7 @@ from snapshot.reading_service._sharded import ShardedService, resolve_logical_sh
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceState
 from snapshot.reading_service.in_process import InProcessReadingService
 from snapshot.restore import RestoreStrategy
+from snapshot.schema import shard_finished
 from snapshot.sharding import analyze
 
 __all__ = ["Collective", "DistributedReadingService"]
@@ -284,6 +285,15 @@ class DistributedReadingService(ReadingServiceInterface):
         if saved_ranks != world:
             _log.info("re-sharding: %d logical shard(s) saved on %d rank(s) now run on %d; rank %d owns shards %s",
                       count, saved_ranks, world, self._connect().rank, self.owned(count))
+            if self.even_batches is not None and not _epoch_finished(state) and self._connect().rank == 0:
+                _log.warning(
+                    "a mid-epoch snapshot saved on %d rank(s) restores onto %d with even_batches=%r: the rest of "
+                    "this epoch's shares can be uneven, and the policy then %s so that every rank takes the same "
+                    "number of steps. To keep every sample exactly once, restore on %d rank(s), save at the end "
+                    "of an epoch, or use even_batches=None (ranks may then take different numbers of steps).",
+                    saved_ranks, world, self.even_batches,
+                    "drops the tails of the longer shares" if self.even_batches == "drop"
+                    else "repeats samples on the shorter shares", saved_ranks)
         if self.executor._executor is None:
             datapipe = self.executor._prepare(datapipe)
         self.executor.restore(datapipe, state, strategy=strategy, shards=self.owned(count))
@@ -300,6 +310,16 @@ class DistributedReadingService(ReadingServiceInterface):
         self._even = _EvenBatches(local, self._connect(), self.even_batches, self._resume_last)
         self._resume_last = None
         return self._even
+
+
+def _epoch_finished(state: ServiceState) -> bool:
+    """Whether the saved epoch had ended: the policy ended it on every rank, or the loader had
+    taken the last sample of every logical shard."""
+    saved = [r.get("even_batches") for r in state.get("ranks", [])] or [state.get("even_batches")]
+    if any(record and record.get("ended") for record in saved):
+        return True
+    shards = [record for record in state.get("shards") or [] if record is not None]
+    return bool(shards) and all(shard_finished(record) for record in shards)
 
 
 def _saved_last(state: ServiceState, rank: int) -> list[Any]:
@@ -334,7 +354,7 @@ class _EvenBatches(Iterator[Any]):
         return {"last": [], "padded": 0}
 
     def state(self) -> dict[str, Any]:
-        return {"last": list(self.last) if self.policy == "pad" else [], "padded": self.padded}
+        return {"last": list(self.last) if self.policy == "pad" else [], "padded": self.padded, "ended": self.done}
 
     def __iter__(self) -> _EvenBatches:
         return self

@@ -14,6 +14,7 @@ tails), and in the middle of ``"pad"``'s padding (the saved last sample is repea
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import subprocess
@@ -93,6 +94,13 @@ def epochs_with_collectives(rank: int, world: int, policy: Any, epochs: int, wor
         return [train_epoch(loader) for _ in range(epochs)]
 
 
+def mismatched_collectives(rank: int, world: int) -> list[list[int]]:
+    """One epoch with no policy: the ranks' collectives stop matching. gloo may abort the
+    process; the harness reports that as a failed rank, so no Python stack dump is wanted."""
+    faulthandler.disable()
+    return epochs_with_collectives(rank, world, None, 1)
+
+
 def save_in_epoch_0(rank: int, world: int, directory: str, at: int | None, shards: int | None,
                     policy: Any = DEFAULT, factory: Any = graph) -> dict[str, Any]:
     """Epoch 0 with a snapshot after ``at`` samples (``None``: after the loop), then epoch 1."""
@@ -148,7 +156,7 @@ def test_by_default_ranks_end_each_epoch_together(world: int, workers: int) -> N
 def test_without_a_policy_the_collective_after_the_loop_fails() -> None:
     # the control: 21 and 20 samples, so rank 0's last step waits for a peer that left the loop
     try:
-        results = run_ranks(2, epochs_with_collectives, None, 1, pg_timeout=5, timeout=40, allow_errors=True)
+        results = run_ranks(2, mismatched_collectives, pg_timeout=5, timeout=40, allow_errors=True)
     except AssertionError as exc:  # a rank stuck beyond the harness's limit: a hang too
         assert "did not finish" in str(exc)
         return

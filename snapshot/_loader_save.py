@@ -1,0 +1,94 @@
+"""Capturing a ``DataLoader2``'s position and writing it: now, or in a background thread."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+from snapshot import _loader_restore, _object_directory, _rotation, _serialization, _staging, _storage
+from snapshot.capture import LoaderState, Snapshot, capture, save, snapshot_of
+from snapshot.errors import SnapshotError
+from snapshot.format import PathOrFile
+
+if TYPE_CHECKING:
+    from snapshot.dataloader2 import DataLoader2
+
+
+def check_keep_last(dest: Any, keep_last: int) -> None:
+    """Refuse ``keep_last`` before saving where it cannot apply."""
+    if not isinstance(dest, (str, os.PathLike)):
+        raise ValueError(f"keep_last needs dest to be a path in a directory of snapshots, got {dest!r}")
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be at least 1, got {keep_last}")
+    _rotation.prune_check(dest)
+
+
+def snapshot_source(loader: DataLoader2[Any], *, include_graph: bool, verify: int = 0) -> LoaderState:
+    """What ``loader`` reports for a capture; ``verify=K`` fingerprints the next K samples."""
+    if loader._graph is None:
+        raise SnapshotError("this DataLoader2 has no graph yet; nothing to capture")
+    pos = loader._position
+    service_state = loader.reading_service.checkpoint() if pos.epoch >= 0 else {}
+    source = LoaderState(
+        epoch=pos.epoch,
+        yielded=pos.yielded,
+        epoch_finished=pos.epoch_finished,
+        seed=pos.seed if pos.epoch >= 0 else None,
+        seed_given=pos.seed_given,
+        pending_seed=pos.user_seed if pos.reset_seed else None,
+        generator=pos.generator.state() if pos.generator is not None else None,
+        service=service_state,
+        service_name=type(loader.reading_service).__name__,
+        graph_nodes=loader._graph.describe(),
+        graph_fingerprint=loader._graph.fingerprint,
+        graph_bytes=loader._graph_bytes if include_graph else None,
+        service_bytes=loader._service_bytes,
+        lookahead=list(pos.lookahead),
+    )
+    if verify:
+        source.verify = _loader_restore.fingerprint_ahead(loader, verify)
+    return source
+
+
+def save_now(loader: DataLoader2[Any], dest: PathOrFile | None, *, include_graph: bool,
+             keep_last: int | None, key: bytes | str | None, verify: int) -> Snapshot:
+    """Capture and, when ``dest`` is given, write (a collective across ranks)."""
+    collective = loader._collective()
+    snap = capture(loader, include_graph=include_graph, verify=verify)
+    if dest is not None and collective is not None and _storage.is_url(dest):
+        # object storage: every rank uploads its part, rank 0 the index last
+        _object_directory.save_directory(collective, snap.to_bytes(key=key), snap.manifest, str(dest), key)
+    elif dest is not None and collective is not None:
+        # a directory: every rank writes its part, rank 0 the manifest
+        collective.save_directory(snap.to_bytes(key=key), snap.manifest, dest, key)
+    elif dest is not None:
+        save(snap, dest, key=key)
+    if keep_last is not None and (collective is None or collective.rank == 0):
+        _rotation.prune(dest, keep_last)  # type: ignore[arg-type]
+    return snap
+
+
+def save_in_background(loader: DataLoader2[Any], dest: PathOrFile | None, *, include_graph: bool,
+                       keep_last: int | None, key: bytes | str | None, verify: int) -> Future[str]:
+    """Capture now; pickle and write in the loader's background saver (synchronous across ranks)."""
+    if dest is None or not isinstance(dest, (str, os.PathLike)):  # a path or a URL
+        raise TypeError(
+            f"save_snapshot(blocking=False) writes to a path, got {type(dest).__name__}; pass a "
+            "path, or use blocking=True to write to a file object or to get the Snapshot")
+    path = os.fspath(dest)
+    done: Future[str] = Future()
+    if loader._collective() is not None:
+        save_now(loader, dest, include_graph=include_graph, keep_last=keep_last, key=key, verify=verify)
+        done.set_result(path)
+        return done
+    source = _staging.stage(snapshot_source(loader, include_graph=include_graph, verify=verify))
+
+    def write() -> str:
+        with _serialization.cooperative():
+            save(snapshot_of(source), path, key=key, progress=False)
+        if keep_last is not None:
+            _rotation.prune(path, keep_last)
+        return path
+
+    return loader._saver.submit(write, path)

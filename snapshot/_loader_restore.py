@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from snapshot import _serialization
 from snapshot._fingerprint import sample_fingerprint
 from snapshot.capture import Snapshot, decode_nodes
 from snapshot.errors import LayoutError, RankError, SnapshotError, VerificationError
@@ -18,6 +19,24 @@ from snapshot.schema import SavedState, VerifyRecord
 
 if TYPE_CHECKING:
     from snapshot.dataloader2 import DataLoader2
+    from snapshot.reading_service.base import ReadingServiceInterface
+
+
+def load_with_graph(src: Any, reading_service: ReadingServiceInterface | None,
+                    key: bytes | str | None) -> tuple[Snapshot, ReadingServiceInterface | None]:
+    """For ``from_snapshot``: the snapshot (refused without a graph), and the reading service
+    to build the loader with (the one saved in it when none is given)."""
+    from snapshot.capture import load
+
+    snap = load(src, key=key)
+    if snap.graph is None:
+        raise SnapshotError(
+            "the snapshot was saved with include_graph=False, so it holds no graph: "
+            "build the graph in code, pass it to DataLoader2(...) and call restore_snapshot()."
+        )
+    if reading_service is None and snap.service is not None:
+        reading_service = _serialization.loads(snap.service, what="saved reading service")
+    return snap, reading_service
 
 
 def restore(loader: DataLoader2[Any], snap: Snapshot, strategy: RestoreStrategy) -> None:

@@ -7,7 +7,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from snapshot import _loader_restore, _object_directory, _rotation, _serialization, _staging, _storage
-from snapshot.capture import LoaderState, Snapshot, capture, save, snapshot_of
+from snapshot.capture import LoaderState, Snapshot, capture, part_info, parts_state_dict, save, snapshot_of
 from snapshot.errors import SnapshotError
 from snapshot.format import PathOrFile
 
@@ -92,3 +92,15 @@ def save_in_background(loader: DataLoader2[Any], dest: PathOrFile | None, *, inc
         return path
 
     return loader._saver.submit(write, path)
+
+
+def state_dict(loader: DataLoader2[Any]) -> dict[str, Any]:
+    """``loader.state_dict()``: across ranks, every rank's part on every rank (DCP keeps one copy)."""
+    snap = capture(loader, include_graph=True)
+    collective = loader._collective()
+    if collective is None:
+        return snap.state_dict()
+    data = snap.to_bytes()
+    gathered = collective.all_gather((snap.manifest, data), "gathering the loader's state")
+    infos = [part_info(rank, manifest, part) for rank, (manifest, part) in enumerate(gathered)]
+    return parts_state_dict(infos, [part for _, part in gathered])

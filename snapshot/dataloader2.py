@@ -25,8 +25,7 @@ from snapshot import _lightning_guard, _loader_restore, _loader_save, _serializa
 from snapshot._background import BackgroundSaver
 from snapshot._loader_iterator import DataLoader2Iterator, configure_buffers, map_to_iter, not_a_datapipe
 from snapshot._loader_position import LivePosition
-from snapshot.capture import LoaderState, Snapshot, capture, part_info, parts_state_dict
-from snapshot.errors import SnapshotError
+from snapshot.capture import LoaderState, Snapshot
 from snapshot.format import PathOrFile
 from snapshot.graph import Graph
 from snapshot.hooks._positions import BufferState
@@ -323,16 +322,7 @@ class DataLoader2(Generic[T_co]):
 
         Without ``reading_service``, the service saved in the snapshot is used again.
         """
-        from snapshot.capture import load
-
-        snap = load(src, key=key)
-        if snap.graph is None:
-            raise SnapshotError(
-                "the snapshot was saved with include_graph=False, so it holds no graph: "
-                "build the graph in code, pass it to DataLoader2(...) and call restore_snapshot()."
-            )
-        if reading_service is None and snap.service is not None:
-            reading_service = _serialization.loads(snap.service, what="saved reading service")
+        snap, reading_service = _loader_restore.load_with_graph(src, reading_service, key)
         loader: DataLoader2[Any] = cls(None, reading_service=reading_service, buffer_state=buffer_state)
         loader._restore(snap, RestoreStrategy.parse(strategy))
         return loader
@@ -350,15 +340,7 @@ class DataLoader2(Generic[T_co]):
         In a distributed run this is a collective: call it on every rank.
         """
         _lightning_guard.check_caller("state_dict")
-        snap = capture(self, include_graph=True)
-        collective = self._collective()
-        if collective is None:
-            return snap.state_dict()
-        # every rank returns every rank's part: identical everywhere, so DCP keeps one copy
-        data = snap.to_bytes()
-        gathered = collective.all_gather((snap.manifest, data), "gathering the loader's state")
-        infos = [part_info(rank, manifest, part) for rank, (manifest, part) in enumerate(gathered)]
-        return parts_state_dict(infos, [part for _, part in gathered])
+        return _loader_save.state_dict(self)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore from :meth:`state_dict` (mid-epoch; ``strategy="auto"``)."""

@@ -22,9 +22,10 @@ import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
+from snapshot._io import load, save
 from snapshot._rotation import latest
 from snapshot._version import __version__
-from snapshot.capture import Snapshot, capture, load, save
+from snapshot.capture import Snapshot, capture
 from snapshot.errors import (
     CorruptSnapshotError,
     EmptySnapshotError,

@@ -26,7 +26,7 @@ def load_with_graph(src: Any, reading_service: ReadingServiceInterface | None,
                     key: bytes | str | None) -> tuple[Snapshot, ReadingServiceInterface | None]:
     """For ``from_snapshot``: the snapshot (refused without a graph), and the reading service
     to build the loader with (the one saved in it when none is given)."""
-    from snapshot.capture import load
+    from snapshot._io import load
 
     snap = load(src, key=key)
     if snap.graph is None:

@@ -7,9 +7,11 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from snapshot import _loader_restore, _object_directory, _rotation, _serialization, _staging, _storage
-from snapshot.capture import LoaderState, Snapshot, capture, part_info, parts_state_dict, save, snapshot_of
+from snapshot._io import save
+from snapshot.capture import LoaderState, Snapshot, capture, snapshot_of
 from snapshot.errors import SnapshotError
 from snapshot.format import PathOrFile
+from snapshot.multipart import part_info, parts_state_dict
 
 if TYPE_CHECKING:
     from snapshot.dataloader2 import DataLoader2

@@ -23,6 +23,7 @@ from typing import Any
 
 from snapshot import _storage, format
 from snapshot.errors import CorruptSnapshotError, RankError, SnapshotError, SnapshotFileError
+from snapshot.multipart import distributed_manifest, part_info
 
 __all__ = ["PREFIX", "is_directory", "read_parts", "save_directory"]
 
@@ -67,8 +68,6 @@ def read_parts(url: str, *, key: bytes | str | None = None) -> tuple[dict[str, A
 def save_directory(collective: Any, part: bytes, manifest: dict[str, Any], dest: str,
                    key: bytes | str | None) -> None:
     """Each rank uploads ``part``; rank 0 then writes the index (the commit). A collective."""
-    from snapshot.capture import distributed_manifest, part_info
-
     url = dest.rstrip("/")
     token = collective.broadcast(uuid.uuid4().hex[:12], "agreeing on a snapshot prefix")
     error = None

@@ -1,4 +1,4 @@
-"""The :class:`Snapshot`, :func:`capture`, :func:`save` and :func:`load`.
+"""The :class:`Snapshot` and :func:`capture` (saving and loading are in :mod:`snapshot._io`).
 
 A snapshot has two halves. The *manifest* is plain JSON that describes everything a person
 or a tool needs to see (versions, the graph as a tree of node paths, positions, seeds,
@@ -9,26 +9,22 @@ buffered samples), and optionally the pickled graph and reading-service configur
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import functools
 import hashlib
 import json
 import logging
-import os
 import platform
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from snapshot import _directory, _object_directory, _progress, _serialization, format, schema
+from snapshot import _serialization, format, multipart, schema
 from snapshot._version import __version__
 from snapshot.errors import CorruptSnapshotError, ManifestError, SnapshotFileError
 
-__all__ = ["LoaderState", "Snapshot", "capture", "distributed_manifest", "load", "merge_parts", "part_info",
-           "parts_state_dict", "save", "snapshot_of"]
+__all__ = ["LoaderState", "Snapshot", "capture", "decode_nodes", "snapshot_of"]
 
 
 @dataclass
@@ -70,10 +66,6 @@ def _fingerprint(value: Any) -> str:
 
 
 _log = logging.getLogger(__name__)
-
-#: Saves of at least this many bytes show a progress bar (see :mod:`snapshot._progress`).
-SAVE_PROGRESS = 256 << 20
-
 
 @functools.lru_cache(maxsize=1)
 def _installed_versions() -> tuple[tuple[str, str], ...]:
@@ -262,8 +254,9 @@ class Snapshot:
         is given or ``$SNAPSHOT_KEY`` is set)."""
         if self.parts is not None:
             blobs = [part.to_bytes(key=key) for part in self.parts]  # each part signed like the whole
-            infos = [part_info(rank, part.manifest, blob) for rank, (part, blob) in enumerate(zip(self.parts, blobs))]
-            return parts_state_dict(infos, blobs, key=key)
+            infos = [multipart.part_info(rank, part.manifest, blob)
+                     for rank, (part, blob) in enumerate(zip(self.parts, blobs))]
+            return multipart.parts_state_dict(infos, blobs, key=key)
         return format.to_state_dict(self.manifest, self._payload, key=key)
 
     @classmethod
@@ -322,141 +315,3 @@ def snapshot_of(source: LoaderState) -> Snapshot:
              "state": len(payload) - graph_size - service_size}
     return Snapshot(_manifest(source, state["service"], payload, parts), state, source.graph_bytes,
                     source.service_bytes, payload)
-
-
-def save(snap: Snapshot, dest: format.PathOrFile, *, key: bytes | str | None = None,
-         progress: bool = True) -> None:
-    """Write ``snap`` to ``dest`` atomically (a path) or to a binary file object.
-
-    ``progress=False`` never shows a progress bar (a background save must not draw one).
-    """
-    if not isinstance(snap, Snapshot):
-        raise TypeError(f"snapshot.save() takes a Snapshot (from capture() or save_snapshot()) as its first "
-                        f"argument, not a {type(snap).__name__}")
-    start = time.perf_counter()
-    if snap.parts is not None:
-        snap.to_bytes()  # raises: a distributed snapshot is a directory
-    pieces = format.pack_parts(snap.manifest, snap._payload, key=key)  # written as they are: no joined copy
-    size = sum(len(piece) for piece in pieces)
-    name = os.fspath(dest) if isinstance(dest, (str, os.PathLike)) else getattr(dest, "name", "<file object>")
-    with _progress.bar(size, f"snapshot: saving {name}", minimum=SAVE_PROGRESS if progress else size + 1, unit="B",
-                       unit_scale=True) as bar:
-        format.atomic_write(dest, pieces, progress=bar.update if bar.shown else None)
-    _log.info("saved snapshot %s: %s bytes (epoch %d, sample %d) in %.3f s", name, f"{size:,}",
-              snap.epoch, snap.yielded, time.perf_counter() - start)
-
-
-def part_info(rank: int, manifest: dict[str, Any], data: bytes) -> dict[str, Any]:
-    """What the distributed manifest records of one rank's part."""
-    return {"rank": rank, "file": schema.part_name(rank), "sha256": hashlib.sha256(data).hexdigest(),
-            "size": len(data), "manifest": manifest}
-
-
-def distributed_manifest(infos: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The index of a distributed snapshot: rank 0's manifest, with every rank's shards and its parts."""
-    manifests = [schema.Manifest.from_dict(info["manifest"], source=f"rank {info['rank']}") for info in infos]
-    first = manifests[0]
-    shards: list[schema.ShardPosition | None] = []
-    owners: dict[str, schema.Owner] = {}
-    for info, manifest in zip(infos, manifests):
-        for index, shard in enumerate(manifest.shards):
-            while len(shards) <= index:
-                shards.append(None)
-            if shard is not None:
-                shards[index] = shard
-        for shard_key, owner in manifest.service.owners.items():
-            owners[shard_key] = schema.Owner(worker=owner.worker, rank=int(info["rank"]))
-    loaders = [m.loader for m in manifests]
-    combined = dataclasses.replace(
-        first,
-        loader=schema.LoaderPosition(epoch=loaders[0].epoch, yielded=sum(x.yielded for x in loaders),
-                                     epoch_finished=all(x.epoch_finished for x in loaders),
-                                     lookahead=sum(x.lookahead for x in loaders)),
-        service=dataclasses.replace(first.service, rank=None, ranks=len(infos), owners=owners),
-        shards=tuple(shards),
-        upstream=tuple(u for m in manifests for u in m.upstream),
-        ranks=tuple(schema.RankPosition(int(info["rank"]), m.loader) for info, m in zip(infos, manifests)),
-        parts=tuple(schema.PartRecord(int(i["rank"]), i["file"], i["sha256"], int(i["size"])) for i in infos),
-        payload=None,
-    )
-    return combined.to_dict()
-
-
-def parts_state_dict(infos: Sequence[Mapping[str, Any]], parts: list[bytes], *,
-                     key: bytes | str | None = None) -> dict[str, Any]:
-    """The state-dict form of a distributed snapshot: the same three keys as any other."""
-    manifest = distributed_manifest(infos)
-    payload = format.join_parts(parts)
-    manifest[format.PAYLOAD] = format.payload_record(payload)
-    return format.to_state_dict(manifest, payload, key=key)
-
-
-def merge_parts(manifest: dict[str, Any], parts: list[Snapshot]) -> Snapshot:
-    """One snapshot from the ranks' parts: every logical shard, every rank's position."""
-    parts = sorted(parts, key=lambda p: int(p.state["service"].get("layout", {}).get("rank", 0))
-                   if p.state["service"] else 0)
-    first = parts[0]
-    state = dict(first.state)
-    state["ranks"] = [{"rank": i, "yielded": p.state["yielded"], "epoch_finished": p.state["epoch_finished"],
-                       "lookahead": p.state["lookahead"]} for i, p in enumerate(parts)]
-    services = [p.state["service"] for p in parts]
-    if services[0]:
-        shards: list[Any] = [None] * int(services[0]["layout"]["logical_shards"])
-        for service in services:
-            for index, record in enumerate(service["shards"]):
-                if record is not None:
-                    shards[index] = record
-        merged = {key: value for key, value in services[0].items() if key != "merge"}
-        merged.update(shards=shards, upstream=[u for service in services for u in service["upstream"]],
-                      ranks=[{"rank": i, "merge": service.get("merge"), "even_batches": service.get("even_batches")}
-                             for i, service in enumerate(services)])
-        state["service"] = merged
-    return Snapshot(manifest, state, first.graph, first.service, b"", parts=parts)
-
-
-_LOADABLE = ("a path (str or os.PathLike) to a snapshot file or a distributed snapshot's directory, a binary "
-             "file object, bytes, a state dict or a Snapshot")
-
-
-def load(src: Any, *, key: bytes | str | None = None) -> Snapshot:
-    """Read and verify a snapshot (path, directory, binary file, bytes or state dict); then unpickle it.
-
-    With ``key`` (or ``$SNAPSHOT_KEY``) an unsigned or tampered file is refused before
-    anything is unpickled. A distributed snapshot (a directory, or a state dict of parts)
-    loads as one snapshot of all ranks. Anything else is a :class:`TypeError`.
-    """
-    if isinstance(src, Snapshot):
-        return src
-    if key is not None and not isinstance(key, (bytes, str)):
-        raise TypeError(f"key must be bytes or str, not {type(key).__name__}")
-    if not isinstance(src, (str, os.PathLike, bytes, bytearray, memoryview, Mapping)) \
-            and not callable(getattr(src, "read", None)):
-        raise TypeError(f"snapshot.load() reads {_LOADABLE}; got a {type(src).__name__}")
-    if _object_directory.is_directory(src):
-        manifest, containers = _object_directory.read_parts(str(src), key=key)
-        return merge_parts(manifest, [Snapshot.from_container(c, source=str(src)) for c in containers])
-    if _directory.is_directory_snapshot(src):
-        index, containers = _directory.read_parts(src, key=key)
-        return merge_parts(index.manifest, [Snapshot.from_container(c, source=str(src)) for c in containers])
-    if isinstance(src, Mapping):
-        container = format.from_state_dict(src, key=key)
-        source = "<state_dict>"
-        if container.info.is_index:
-            assert container.payload is not None
-            blobs = format.split_parts(container.payload)
-            if len(blobs) != len(container.info.parts):
-                raise CorruptSnapshotError(
-                    f"the state dict's index lists {len(container.info.parts)} parts but its payload holds "
-                    f"{len(blobs)}", source=source)
-            parts = [load(part, key=key) for part in blobs]
-            return merge_parts(container.manifest, parts)
-    elif isinstance(src, (bytes, bytearray, memoryview)):
-        container = format.unpack(bytes(src), source="<bytes>", key=key)
-        source = "<bytes>"
-    else:
-        try:
-            container = format.read_container(src, key=key)
-        except OSError as exc:
-            raise SnapshotFileError(f"cannot read the snapshot: {exc}", source=str(src)) from exc
-        source = str(getattr(src, "name", src))
-    return Snapshot.from_container(container, source=source)

@@ -1,4 +1,4 @@
-"""The snapshot file format, version 1: container, manifest, checksums, signing, atomic writes.
+"""The snapshot file format, version 1: container, manifest, checksums, signing.
 
 A snapshot file is::
 
@@ -20,16 +20,14 @@ manifest digest, manifest JSON, manifest format version, the signature (with a k
 field of the manifest against :mod:`snapshot.schema` (a ``ManifestError`` names the field),
 then (only when the payload is needed) the payload digest, and only then unpickle.
 
-Saves write ``.NAME.snapshot-tmp.<pid>.<host>-<random>`` and rename it over ``NAME``; the
-next save into a directory removes such files whose writer is gone (a killed save).
-
 A snapshot can also travel as a plain dict (``DataLoader2.state_dict()``)::
 
     {"snapshot_format": 1, "manifest": "<the manifest as JSON text>", "payload": b"..."}
 
 whose payload digest is the one recorded in the manifest's ``payload.sha256``. A distributed
-snapshot is a directory (``manifest.snap`` plus one file per rank, see ``_directory``), or
-the same three keys with the ranks' files joined in the payload.
+snapshot is a directory (``manifest.snap`` plus one file per rank), or the same three keys
+with the ranks' files joined in the payload: see :mod:`snapshot.multipart`. Files are
+written atomically by :mod:`snapshot._atomic`.
 
 This module knows nothing of graphs, loaders or pickling.
 """
@@ -41,11 +39,8 @@ import hmac
 import io
 import json
 import os
-import re
-import secrets
-import socket
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import IO, Any, Union
 
@@ -66,19 +61,14 @@ __all__ = [
     "MAGIC",
     "Container",
     "PathOrFile",
-    "atomic_write",
-    "remove_stale_temporaries",
-    "temp_name",
     "dumps_manifest",
     "from_state_dict",
-    "join_parts",
     "pack",
     "pack_parts",
     "payload_record",
     "read_container",
     "read_manifest",
     "resolve_key",
-    "split_parts",
     "to_state_dict",
     "unpack",
 ]
@@ -422,139 +412,6 @@ def read_manifest(src: PathOrFile) -> dict[str, Any]:
     return manifest
 
 
-#: A temporary file of a save in progress: ``.NAME.snapshot-tmp.<pid>.<host>-<random>``.
-_TEMP = re.compile(r"\.(?P<name>.+)\.snapshot-tmp\.(?P<pid>\d+)\.(?P<host>[0-9a-f]{8})-[0-9a-z_]+")
-
-
-def _host_tag() -> str:
-    """Eight hex digits naming this machine, so that a temporary file written by another machine
-    sharing the directory is never taken for one whose writer is gone."""
-    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    return True
-
-
-def temp_name(dest_name: str) -> str:
-    """A fresh temporary name for a save of ``dest_name`` by this process."""
-    return f".{dest_name}.snapshot-tmp.{os.getpid()}.{_host_tag()}-{secrets.token_hex(4)}"
-
-
-def remove_stale_temporaries(directory: str) -> list[str]:
-    """Remove the temporary files that saves killed mid-way left in ``directory``.
-
-    Only files named like ours (see :func:`temp_name`), written on this machine by a process
-    that no longer exists, are removed; a save running in another process is left alone.
-    Returns the names removed.
-    """
-    removed: list[str] = []
-    host, me = _host_tag(), os.getpid()
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return removed
-    for name in names:
-        match = _TEMP.fullmatch(name)
-        if match is None or match["host"] != host:
-            continue
-        pid = int(match["pid"])
-        if pid == me or _pid_alive(pid):
-            continue
-        try:
-            os.unlink(os.path.join(directory, name))
-            removed.append(name)
-        except (FileNotFoundError, IsADirectoryError, PermissionError):
-            pass
-    return removed
-
-
-def _check_writable(dest: Any) -> None:
-    if isinstance(dest, (str, os.PathLike)):
-        if isinstance(os.fspath(dest), bytes):
-            raise TypeError("a snapshot path must be a str or an os.PathLike of str, not bytes")
-        return
-    if not callable(getattr(dest, "write", None)):
-        raise TypeError(f"a snapshot is saved to a path (str or os.PathLike) or a binary file object open for "
-                        f"writing, not a {type(dest).__name__}")
-    if isinstance(dest, io.TextIOBase):
-        raise TypeError("a snapshot is binary: open the file with mode 'wb', not in text mode")
-
-
-#: Bytes per write when a save reports its progress.
-_CHUNK = 8 << 20
-
-
-def atomic_write(dest: PathOrFile, data: bytes | Sequence[bytes], *,
-                 progress: Callable[[int], None] | None = None) -> None:
-    """Write ``data`` (bytes, or pieces written one after the other) so that ``dest`` holds
-    either its old content or all of ``data``.
-
-    Paths are written to a temporary file in the same directory (named ``.NAME.snapshot-tmp.
-    <pid>.<host>-<random>``), flushed and fsync'ed, then renamed over ``dest``; the directory
-    is fsync'ed so the rename survives a crash. Temporary files left by saves that were killed
-    are removed first (see :func:`remove_stale_temporaries`). Missing parent directories are
-    created. A binary file object is simply written to. ``progress(n)`` is told of every chunk written.
-    """
-    _check_writable(dest)
-    chunks = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
-    if _storage.is_url(dest):
-        _storage.write_bytes(str(dest), chunks)
-        return
-    if not isinstance(dest, (str, os.PathLike)):
-        for chunk in chunks:
-            dest.write(chunk)
-        flush = getattr(dest, "flush", None)
-        if flush is not None:
-            flush()
-        return
-    path = os.path.abspath(os.fspath(dest))
-    source = os.fspath(dest)
-    if os.path.isdir(path):
-        raise SnapshotFileError(
-            "is a directory; a snapshot file needs a file path (a distributed run's directory snapshot is "
-            "written by save_snapshot() on every rank)", source=source)
-    directory = os.path.dirname(path)
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except (FileExistsError, NotADirectoryError) as exc:
-        raise SnapshotFileError(
-            f"cannot create the directory {directory}: a file is in the way ({exc.filename or directory})",
-            source=source) from exc
-    remove_stale_temporaries(directory)
-    tmp = os.path.join(directory, temp_name(os.path.basename(path)))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                if progress is None:
-                    f.write(chunk)
-                    continue
-                view = memoryview(chunk)
-                for start in range(0, len(view), _CHUNK):
-                    progress(f.write(view[start:start + _CHUNK]))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def _state_dict_mac(secret: bytes, manifest: Mapping[str, Any]) -> str:
     """HMAC of a state dict's manifest (canonical JSON; it records the payload's digest)."""
     canonical = json.dumps({k: v for k, v in manifest.items() if k != SIGNATURE}, sort_keys=True,
@@ -625,29 +482,6 @@ def from_state_dict(state: Any, *, source: str = "<state_dict>", key: bytes | st
             "nothing was unpickled", source=source,
         )
     return Container(manifest, bytes(payload), signed, len(payload), info)
-
-
-_PART_SIZE = struct.Struct("<Q")
-
-
-def join_parts(parts: list[bytes]) -> bytes:
-    """Several snapshot files as one payload (a distributed snapshot's state dict)."""
-    return b"".join(_PART_SIZE.pack(len(p)) + p for p in parts)
-
-
-def split_parts(payload: bytes, *, source: str = "<state_dict>") -> list[bytes]:
-    """Inverse of :func:`join_parts`."""
-    parts, offset = [], 0
-    while offset < len(payload):
-        if offset + _PART_SIZE.size > len(payload):
-            raise TruncatedSnapshotError("a part's length is cut short", source=source, offset=offset)
-        (size,) = _PART_SIZE.unpack_from(payload, offset)
-        offset += _PART_SIZE.size
-        if offset + size > len(payload):
-            raise TruncatedSnapshotError(f"a part declares {size} bytes past the end", source=source, offset=offset)
-        parts.append(payload[offset:offset + size])
-        offset += size
-    return parts
 
 
 def payload_record(payload: bytes) -> dict[str, Any]:

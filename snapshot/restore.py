@@ -227,7 +227,8 @@ def restore(loader: Any, src: Any, *, strategy: RestoreStrategy | str = "auto",
     ``src`` is a path, a binary file, bytes, a :class:`Snapshot` or a state dict. Returns the
     snapshot that was applied.
     """
-    from snapshot.capture import Snapshot, load
+    from snapshot._io import load
+    from snapshot.capture import Snapshot
 
     if not callable(getattr(loader, "_restore", None)):
         raise TypeError(f"snapshot.restore() puts a snapshot.DataLoader2 at a saved position; got a "

@@ -7,7 +7,6 @@ no process group. The kill loop runs real saving processes and SIGKILLs them at 
 
 from __future__ import annotations
 
-import importlib
 import io
 import os
 import random
@@ -23,11 +22,10 @@ from typing import Any
 import pytest
 
 import snapshot
+from snapshot import _atomic, multipart
 from snapshot import format as fmt
 from snapshot.cli import main as cli
 from tests import graphs
-
-capture_module = importlib.import_module("snapshot.capture")
 
 
 def saved(n: int = 30, steps: int = 2) -> tuple[snapshot.Snapshot, list[Any]]:
@@ -48,14 +46,14 @@ def write_directory(path: Path, snap: snapshot.Snapshot = SNAP, index: dict[str,
     data = snap.to_bytes()
     (path / "rank-00000.snap").write_bytes(data)
     if index is None:
-        index = capture_module.distributed_manifest([capture_module.part_info(0, snap.manifest, data)])
+        index = multipart.distributed_manifest([multipart.part_info(0, snap.manifest, data)])
     (path / "manifest.snap").write_bytes(fmt.pack(index, b""))
     return path
 
 
 def index_of(snap: snapshot.Snapshot = SNAP) -> dict[str, Any]:
     data = snap.to_bytes()
-    return capture_module.distributed_manifest([capture_module.part_info(0, snap.manifest, data)])
+    return multipart.distributed_manifest([multipart.part_info(0, snap.manifest, data)])
 
 
 # -- directories ------------------------------------------------------------------------------
@@ -135,7 +133,7 @@ def test_a_state_dict_whose_index_and_payload_disagree_is_refused() -> None:
     index = index_of()
     index["parts"].append({**index["parts"][0], "rank": 1, "file": "rank-00001.snap"})
     index["ranks"].append({**index["ranks"][0], "rank": 1})
-    payload = fmt.join_parts([SNAP.to_bytes()])
+    payload = multipart.join_parts([SNAP.to_bytes()])
     index["payload"] = fmt.payload_record(payload)
     with pytest.raises(snapshot.CorruptSnapshotError, match="lists 2 parts but its payload holds 1"):
         snapshot.load(fmt.to_state_dict(index, payload))
@@ -213,11 +211,11 @@ def test_paths_that_cannot_be_read_or_written_name_the_path(tmp_path: Path) -> N
 
 SAVER = textwrap.dedent("""
     import sys
-    from snapshot import format as fmt
+    from snapshot import _atomic
     data = open(sys.argv[1], "rb").read()
     print("ready", flush=True)
     while True:
-        fmt.atomic_write(sys.argv[2], data)
+        _atomic.atomic_write(sys.argv[2], data)
 """)
 
 
@@ -259,11 +257,11 @@ def test_saves_killed_at_random_points_leave_the_previous_snapshot_and_no_tempor
         left = max(left, len(ours(target.parent)) - 1)  # what the kills left, besides the foreign file
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait(timeout=30)  # a writer that is surely gone, whatever the kills above left
-    (target.parent / f".data.snap.snapshot-tmp.{gone.pid}.{fmt._host_tag()}-dead").write_bytes(b"x" * 1000)
+    (target.parent / f".data.snap.snapshot-tmp.{gone.pid}.{_atomic._host_tag()}-dead").write_bytes(b"x" * 1000)
     (target.parent / f".data.snap.snapshot-tmp.{gone.pid}.00000000-othermachine").write_bytes(b"x")
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:  # a temporary of a writer that is still running is left alone
-        alive = target.parent / f".data.snap.snapshot-tmp.{live.pid}.{fmt._host_tag()}-abcd"
+        alive = target.parent / f".data.snap.snapshot-tmp.{live.pid}.{_atomic._host_tag()}-abcd"
         alive.write_bytes(b"in progress")
         snapshot.save(snap, str(target))
         other_machine = f".data.snap.snapshot-tmp.{gone.pid}.00000000-othermachine"

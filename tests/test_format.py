@@ -81,7 +81,8 @@ def test_a_process_killed_mid_save_leaves_the_previous_file_intact(tmp_path) -> 
     before = path.read_bytes()
     # A child writes a large file through atomic_write and is killed while writing.
     script = textwrap.dedent(f"""
-        import os, signal, snapshot.format as fmt
+        import os, signal
+        from snapshot import _atomic
         class Killer:
             def __init__(self): self.n = 0
         real_write = os.write
@@ -97,7 +98,7 @@ def test_a_process_killed_mid_save_leaves_the_previous_file_intact(tmp_path) -> 
             f.write = write
             return f
         os.fdopen = fdopen
-        fmt.atomic_write({str(path)!r}, data)
+        _atomic.atomic_write({str(path)!r}, data)
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
     assert proc.returncode == -9

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 import snapshot
 from snapshot import format as fmt
+from snapshot import multipart
 from tests import graphs
 
 FUZZ = settings(max_examples=150, derandomize=True, deadline=None, database=None,
@@ -278,10 +279,10 @@ def test_state_dicts(manifest: Any, payload: Any, marker: Any) -> None:
 @FUZZ
 @given(payload=st.binary(max_size=300), parts=st.lists(st.binary(max_size=40), max_size=4))
 def test_parts_of_a_distributed_payload(payload: bytes, parts: list[bytes]) -> None:
-    assert fmt.split_parts(fmt.join_parts(parts)) == parts
-    for data in (payload, fmt.join_parts(parts)[:-1] if parts else payload,
+    assert multipart.split_parts(multipart.join_parts(parts)) == parts
+    for data in (payload, multipart.join_parts(parts)[:-1] if parts else payload,
                  struct.pack("<Q", 2**60) + payload):
-        result = bounded(data, lambda data=data: fmt.split_parts(data))
+        result = bounded(data, lambda data=data: multipart.split_parts(data))
         if isinstance(result, list):
             assert sum(len(p) + 8 for p in result) == len(data)
 

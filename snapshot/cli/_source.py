@@ -1,7 +1,7 @@
 """What a FILE argument names: a snapshot file, or the directory of a distributed snapshot.
 
 A distributed run saves a directory (``manifest.snap`` and one ``rank-NNNNN.snap`` per rank,
-see ``snapshot/_directory.py``); the commands read its ``manifest.snap``, which describes the
+see ``snapshot/multipart.py``); the commands read its ``manifest.snap``, which describes the
 whole run, and ``verify`` checks every part it lists.
 """
 
@@ -11,7 +11,6 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from snapshot import _directory
 from snapshot import format as fmt
 from snapshot.errors import SnapshotFileError
 
@@ -29,10 +28,10 @@ class Source:
 
 def locate(argument: str) -> Source:
     if os.path.isdir(argument):
-        manifest = os.path.join(argument, _directory.MANIFEST)
+        manifest = os.path.join(argument, fmt.DIRECTORY_MANIFEST)
         if not os.path.isfile(manifest):
             raise SnapshotFileError(
-                f"is a directory without {_directory.MANIFEST}, so not a distributed snapshot: pass a "
+                f"is a directory without {fmt.DIRECTORY_MANIFEST}, so not a distributed snapshot: pass a "
                 "snapshot file, or a directory written by save_snapshot() in a distributed run",
                 source=argument)
         return Source(argument, manifest, argument)

@@ -35,10 +35,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from snapshot import _directory, format
-from snapshot.capture import distributed_manifest, part_info
+from snapshot import _atomic, format, multipart
 from snapshot.errors import LayoutError, RankError, ShardingError, SnapshotError
 from snapshot.graph import Graph
+from snapshot.multipart import distributed_manifest, part_info
 from snapshot.randomness import SeedGenerator
 from snapshot.reading_service._sharded import ShardedService, resolve_logical_shards
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceState
@@ -107,7 +107,7 @@ class Collective:
         staging directory is removed, and the previous snapshot stays.
         """
         token = self.broadcast(uuid.uuid4().hex[:12], "agreeing on a snapshot directory")
-        directory = _directory.staging(os.fspath(dest), token)
+        directory = multipart.staging(os.fspath(dest), token)
         try:
             self._save_parts(directory, part, manifest, dest, key)
         except BaseException:
@@ -118,7 +118,7 @@ class Collective:
                     key: bytes | str | None) -> None:
         error = None
         try:
-            format.atomic_write(os.path.join(directory, _directory.part_name(self.rank)), part)
+            _atomic.atomic_write(os.path.join(directory, multipart.part_name(self.rank)), part)
         except OSError as exc:
             error = f"{type(exc).__name__}: {exc}"
         info = {**part_info(self.rank, manifest, part), "error": error}
@@ -129,9 +129,9 @@ class Collective:
                             "; ".join(f"rank {i['rank']} could not write its part: {i['error']}" for i in failed))
         if self.rank == 0:
             try:
-                format.atomic_write(os.path.join(directory, _directory.MANIFEST),
+                _atomic.atomic_write(os.path.join(directory, multipart.MANIFEST),
                                     format.pack(distributed_manifest(infos), b"", key=key))
-                _directory.commit(os.fspath(dest), directory)
+                multipart.commit(os.fspath(dest), directory)
                 error = None
             except (OSError, SnapshotError) as exc:
                 error = f"{type(exc).__name__}: {exc}"

@@ -1,4 +1,4 @@
-"""A snapshot as a directory: one part per rank, a manifest, swapped in atomically.
+"""Multi-part snapshots: one part per rank, an index, joined and split, committed atomically.
 
 ::
 
@@ -12,20 +12,28 @@ and then replaces the link in one ``rename``. A crash at any point leaves the li
 at the previous complete directory. Readers check every part against the digest the
 manifest records for it.
 
+The same parts also travel joined in one payload (a distributed snapshot's state dict):
+:func:`join_parts` and :func:`split_parts`. The index is rank 0's manifest with every
+rank's shards and its parts (:func:`distributed_manifest`).
+
 This module knows nothing of processes or ranks; the distributed service orchestrates it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import shutil
+import struct
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from snapshot import format, schema
-from snapshot.errors import CorruptSnapshotError, SnapshotFileError
+from snapshot.errors import CorruptSnapshotError, SnapshotFileError, TruncatedSnapshotError
 
-__all__ = ["MANIFEST", "commit", "is_directory_snapshot", "part_name", "read_parts", "staging"]
+__all__ = ["MANIFEST", "commit", "distributed_manifest", "is_directory_snapshot", "join_parts", "part_info",
+           "part_name", "parts_state_dict", "read_parts", "split_parts", "staging"]
 
 MANIFEST = format.DIRECTORY_MANIFEST
 part_name = schema.part_name
@@ -116,3 +124,71 @@ def read_parts(src: str, *, key: bytes | str | None = None) -> tuple[format.Cont
                 source=root)
         parts.append(part)
     return index, parts
+
+
+_PART_SIZE = struct.Struct("<Q")
+
+
+def join_parts(parts: list[bytes]) -> bytes:
+    """Several snapshot files as one payload (a distributed snapshot's state dict)."""
+    return b"".join(_PART_SIZE.pack(len(p)) + p for p in parts)
+
+
+def split_parts(payload: bytes, *, source: str = "<state_dict>") -> list[bytes]:
+    """Inverse of :func:`join_parts`."""
+    parts, offset = [], 0
+    while offset < len(payload):
+        if offset + _PART_SIZE.size > len(payload):
+            raise TruncatedSnapshotError("a part's length is cut short", source=source, offset=offset)
+        (size,) = _PART_SIZE.unpack_from(payload, offset)
+        offset += _PART_SIZE.size
+        if offset + size > len(payload):
+            raise TruncatedSnapshotError(f"a part declares {size} bytes past the end", source=source, offset=offset)
+        parts.append(payload[offset:offset + size])
+        offset += size
+    return parts
+
+
+def part_info(rank: int, manifest: dict[str, Any], data: bytes) -> dict[str, Any]:
+    """What the distributed manifest records of one rank's part."""
+    return {"rank": rank, "file": schema.part_name(rank), "sha256": hashlib.sha256(data).hexdigest(),
+            "size": len(data), "manifest": manifest}
+
+
+def distributed_manifest(infos: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The index of a distributed snapshot: rank 0's manifest, with every rank's shards and its parts."""
+    manifests = [schema.Manifest.from_dict(info["manifest"], source=f"rank {info['rank']}") for info in infos]
+    first = manifests[0]
+    shards: list[schema.ShardPosition | None] = []
+    owners: dict[str, schema.Owner] = {}
+    for info, manifest in zip(infos, manifests):
+        for index, shard in enumerate(manifest.shards):
+            while len(shards) <= index:
+                shards.append(None)
+            if shard is not None:
+                shards[index] = shard
+        for shard_key, owner in manifest.service.owners.items():
+            owners[shard_key] = schema.Owner(worker=owner.worker, rank=int(info["rank"]))
+    loaders = [m.loader for m in manifests]
+    combined = dataclasses.replace(
+        first,
+        loader=schema.LoaderPosition(epoch=loaders[0].epoch, yielded=sum(x.yielded for x in loaders),
+                                     epoch_finished=all(x.epoch_finished for x in loaders),
+                                     lookahead=sum(x.lookahead for x in loaders)),
+        service=dataclasses.replace(first.service, rank=None, ranks=len(infos), owners=owners),
+        shards=tuple(shards),
+        upstream=tuple(u for m in manifests for u in m.upstream),
+        ranks=tuple(schema.RankPosition(int(info["rank"]), m.loader) for info, m in zip(infos, manifests)),
+        parts=tuple(schema.PartRecord(int(i["rank"]), i["file"], i["sha256"], int(i["size"])) for i in infos),
+        payload=None,
+    )
+    return combined.to_dict()
+
+
+def parts_state_dict(infos: Sequence[Mapping[str, Any]], parts: list[bytes], *,
+                     key: bytes | str | None = None) -> dict[str, Any]:
+    """The state-dict form of a distributed snapshot: the same three keys as any other."""
+    manifest = distributed_manifest(infos)
+    payload = join_parts(parts)
+    manifest[format.PAYLOAD] = format.payload_record(payload)
+    return format.to_state_dict(manifest, payload, key=key)

@@ -1,0 +1,119 @@
+"""Saving and loading snapshots: files, file objects, bytes, state dicts, directories, URLs.
+
+:func:`save` packs a :class:`~snapshot.capture.Snapshot` into a container (:mod:`snapshot.format`)
+and writes it atomically (:mod:`snapshot._atomic`). :func:`load` reads bytes, checks them
+(:mod:`snapshot.format`), joins a distributed snapshot's parts (:mod:`snapshot.multipart`,
+:mod:`snapshot._object_directory`), and decodes the result into a :class:`~snapshot.capture.Snapshot`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from snapshot import _atomic, _object_directory, _progress, format, multipart
+from snapshot.capture import Snapshot
+from snapshot.errors import CorruptSnapshotError, SnapshotFileError
+
+__all__ = ["load", "merge_parts", "save"]
+
+_log = logging.getLogger(__name__)
+
+#: Saves of at least this many bytes show a progress bar (see :mod:`snapshot._progress`).
+SAVE_PROGRESS = 256 << 20
+
+
+def save(snap: Snapshot, dest: format.PathOrFile, *, key: bytes | str | None = None,
+         progress: bool = True) -> None:
+    """Write ``snap`` to ``dest`` atomically (a path) or to a binary file object.
+
+    ``progress=False`` never shows a progress bar (a background save must not draw one).
+    """
+    if not isinstance(snap, Snapshot):
+        raise TypeError(f"snapshot.save() takes a Snapshot (from capture() or save_snapshot()) as its first "
+                        f"argument, not a {type(snap).__name__}")
+    start = time.perf_counter()
+    if snap.parts is not None:
+        snap.to_bytes()  # raises: a distributed snapshot is a directory
+    pieces = format.pack_parts(snap.manifest, snap._payload, key=key)  # written as they are: no joined copy
+    size = sum(len(piece) for piece in pieces)
+    name = os.fspath(dest) if isinstance(dest, (str, os.PathLike)) else getattr(dest, "name", "<file object>")
+    with _progress.bar(size, f"snapshot: saving {name}", minimum=SAVE_PROGRESS if progress else size + 1, unit="B",
+                       unit_scale=True) as bar:
+        _atomic.atomic_write(dest, pieces, progress=bar.update if bar.shown else None)
+    _log.info("saved snapshot %s: %s bytes (epoch %d, sample %d) in %.3f s", name, f"{size:,}",
+              snap.epoch, snap.yielded, time.perf_counter() - start)
+
+
+def merge_parts(manifest: dict[str, Any], parts: list[Snapshot]) -> Snapshot:
+    """One snapshot from the ranks' parts: every logical shard, every rank's position."""
+    parts = sorted(parts, key=lambda p: int(p.state["service"].get("layout", {}).get("rank", 0))
+                   if p.state["service"] else 0)
+    first = parts[0]
+    state = dict(first.state)
+    state["ranks"] = [{"rank": i, "yielded": p.state["yielded"], "epoch_finished": p.state["epoch_finished"],
+                       "lookahead": p.state["lookahead"]} for i, p in enumerate(parts)]
+    services = [p.state["service"] for p in parts]
+    if services[0]:
+        shards: list[Any] = [None] * int(services[0]["layout"]["logical_shards"])
+        for service in services:
+            for index, record in enumerate(service["shards"]):
+                if record is not None:
+                    shards[index] = record
+        merged = {key: value for key, value in services[0].items() if key != "merge"}
+        merged.update(shards=shards, upstream=[u for service in services for u in service["upstream"]],
+                      ranks=[{"rank": i, "merge": service.get("merge"), "even_batches": service.get("even_batches")}
+                             for i, service in enumerate(services)])
+        state["service"] = merged
+    return Snapshot(manifest, state, first.graph, first.service, b"", parts=parts)
+
+
+_LOADABLE = ("a path (str or os.PathLike) to a snapshot file or a distributed snapshot's directory, a binary "
+             "file object, bytes, a state dict or a Snapshot")
+
+
+def load(src: Any, *, key: bytes | str | None = None) -> Snapshot:
+    """Read and verify a snapshot (path, directory, binary file, bytes or state dict); then unpickle it.
+
+    With ``key`` (or ``$SNAPSHOT_KEY``) an unsigned or tampered file is refused before
+    anything is unpickled. A distributed snapshot (a directory, or a state dict of parts)
+    loads as one snapshot of all ranks. Anything else is a :class:`TypeError`.
+    """
+    if isinstance(src, Snapshot):
+        return src
+    if key is not None and not isinstance(key, (bytes, str)):
+        raise TypeError(f"key must be bytes or str, not {type(key).__name__}")
+    if not isinstance(src, (str, os.PathLike, bytes, bytearray, memoryview, Mapping)) \
+            and not callable(getattr(src, "read", None)):
+        raise TypeError(f"snapshot.load() reads {_LOADABLE}; got a {type(src).__name__}")
+    if _object_directory.is_directory(src):
+        manifest, containers = _object_directory.read_parts(str(src), key=key)
+        return merge_parts(manifest, [Snapshot.from_container(c, source=str(src)) for c in containers])
+    if multipart.is_directory_snapshot(src):
+        index, containers = multipart.read_parts(src, key=key)
+        return merge_parts(index.manifest, [Snapshot.from_container(c, source=str(src)) for c in containers])
+    if isinstance(src, Mapping):
+        container = format.from_state_dict(src, key=key)
+        source = "<state_dict>"
+        if container.info.is_index:
+            assert container.payload is not None
+            blobs = multipart.split_parts(container.payload)
+            if len(blobs) != len(container.info.parts):
+                raise CorruptSnapshotError(
+                    f"the state dict's index lists {len(container.info.parts)} parts but its payload holds "
+                    f"{len(blobs)}", source=source)
+            parts = [load(part, key=key) for part in blobs]
+            return merge_parts(container.manifest, parts)
+    elif isinstance(src, (bytes, bytearray, memoryview)):
+        container = format.unpack(bytes(src), source="<bytes>", key=key)
+        source = "<bytes>"
+    else:
+        try:
+            container = format.read_container(src, key=key)
+        except OSError as exc:
+            raise SnapshotFileError(f"cannot read the snapshot: {exc}", source=str(src)) from exc
+        source = str(getattr(src, "name", src))
+    return Snapshot.from_container(container, source=source)

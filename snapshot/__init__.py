@@ -49,7 +49,8 @@ from snapshot.errors import (
     WorkerError,
 )
 from snapshot.format import read_manifest
-from snapshot.restore import RestoreStrategy, restore
+from snapshot.plan import RestoreStrategy
+from snapshot.restore import restore
 
 # Loggers are "snapshot.<module>"; the library prints nothing unless the application
 # configures logging (for example ``logging.basicConfig(level=logging.INFO)``).

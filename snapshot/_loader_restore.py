@@ -13,8 +13,8 @@ from snapshot import _serialization
 from snapshot._fingerprint import sample_fingerprint
 from snapshot.capture import Snapshot, decode_nodes
 from snapshot.errors import LayoutError, RankError, SnapshotError, VerificationError
+from snapshot.plan import RestoreStrategy, check_graph, make_plan
 from snapshot.randomness import SeedGenerator
-from snapshot.restore import RestoreStrategy, check_graph, make_plan
 from snapshot.schema import SavedState, VerifyRecord
 
 if TYPE_CHECKING:

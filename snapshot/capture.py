@@ -293,7 +293,7 @@ def capture(loader: Any, *, include_graph: bool = True, verify: int = 0) -> Snap
         raise TypeError(f"snapshot.capture() takes a snapshot.DataLoader2, not a {type(loader).__name__}")
     if isinstance(verify, bool) or not isinstance(verify, int) or verify < 0:
         raise TypeError(f"verify must be a non-negative int (samples to fingerprint ahead), not {verify!r}")
-    from snapshot.restore import check_restorable
+    from snapshot.plan import check_restorable
 
     if getattr(loader, "_graph", None) is not None:
         check_restorable(loader._graph)  # refuse before anything is computed ahead or written

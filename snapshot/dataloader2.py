@@ -29,10 +29,10 @@ from snapshot.capture import LoaderState, Snapshot
 from snapshot.format import PathOrFile
 from snapshot.graph import Graph
 from snapshot.hooks._positions import BufferState
+from snapshot.plan import RestoreStrategy
 from snapshot.randomness import UINT64_LIMIT, SeedGenerator, draw_seed
 from snapshot.reading_service.base import ReadingServiceInterface
 from snapshot.reading_service.in_process import InProcessReadingService
-from snapshot.restore import RestoreStrategy
 from snapshot.restore import restore as _restore_into
 
 __all__ = ["DataLoader2", "DataLoader2Iterator"]

@@ -13,7 +13,7 @@ epoch with the seeds it is given. Each node gets a *cell*, the iterator that run
 
 So after any sample the run knows, per node path, how many samples each node yielded and
 (for nodes with hooks) its state. A run restored from a snapshot loads those states and
-replays only the subgraphs its :class:`~snapshot.restore.Plan` names (a pipe that keeps a
+replays only the subgraphs its :class:`~snapshot.plan.Plan` names (a pipe that keeps a
 generator of its own is first rewound to the start of the epoch), then checks that the
 replay ended where the snapshot says: the same counts, the same ends of epoch, the same
 generator states.
@@ -32,7 +32,7 @@ from snapshot.errors import PositionError, RestoreError
 from snapshot.graph import ROOT, Graph
 from snapshot.hooks import StateHook, hook_for
 from snapshot.hooks._base import ResumableIterator, _note
-from snapshot.restore import Plan, RestoreStrategy
+from snapshot.plan import Plan, RestoreStrategy
 
 __all__ = ["CountingIterator", "NodeRecord", "Run", "capture_persistent", "restore_persistent", "rewind"]
 

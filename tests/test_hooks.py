@@ -131,7 +131,7 @@ def test_routed_decoder(data_dir: str) -> None:
 
 
 def test_stream_reader_without_a_file_opener_is_replayed(data_dir: str) -> None:
-    from snapshot.restore import RestoreStrategy, make_plan
+    from snapshot.plan import RestoreStrategy, make_plan
 
     graph = Graph(StreamReader(Mapper(FileOpener(FileLister(data_dir, "*.txt"), mode="b"), graphs._identity)))
     plan = make_plan(graph, {"0": 3}, RestoreStrategy.AUTO)

@@ -7,7 +7,7 @@ from torch.utils.data.datapipes.iter import Batcher, Forker, IterableWrapper, Zi
 
 import snapshot
 from snapshot.graph import Graph
-from snapshot.restore import RestoreStrategy, make_plan
+from snapshot.plan import RestoreStrategy, make_plan
 from snapshot.testing import Cut, assert_resumes_exactly
 from tests import graphs
 

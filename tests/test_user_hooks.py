@@ -9,7 +9,7 @@ from torch.utils.data.datapipes.iter import Batcher, IterableWrapper
 import snapshot
 from snapshot.graph import Graph
 from snapshot.hooks import ResumableIterator, Stateless, hook_for, register_state_hook
-from snapshot.restore import RestoreStrategy, make_plan
+from snapshot.plan import RestoreStrategy, make_plan
 from snapshot.testing import assert_resumes_exactly
 from tests import graphs
 

@@ -22,6 +22,7 @@ from typing import Any
 from snapshot.errors import ExecutionError
 from snapshot.execution import Run, capture_persistent
 from snapshot.graph import Graph
+from snapshot.plan import RestoreStrategy
 from snapshot.randomness import EpochSeeds
 from snapshot.reading_service._engine import (
     GlobalRNG,
@@ -36,7 +37,6 @@ from snapshot.reading_service._engine import (
     set_raw_rng,
     start_upstream,
 )
-from snapshot.restore import RestoreStrategy
 from snapshot.sharding import Topology
 
 __all__ = ["DispatchFailed", "Dispatcher"]

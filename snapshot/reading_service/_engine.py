@@ -27,8 +27,8 @@ import torch
 from snapshot.errors import LayoutError
 from snapshot.execution import Run, capture_persistent, restore_persistent, rewind
 from snapshot.graph import Graph
+from snapshot.plan import RestoreStrategy, make_plan
 from snapshot.randomness import EpochSeeds
-from snapshot.restore import RestoreStrategy, make_plan
 from snapshot.sharding import Topology, WorkerInfo
 
 try:

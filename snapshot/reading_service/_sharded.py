@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from snapshot import _serialization
 from snapshot.errors import ShardingError
 from snapshot.graph import Graph
+from snapshot.plan import RestoreStrategy
 from snapshot.randomness import EpochSeeds, SeedGenerator, epoch_seeds
 from snapshot.reading_service._engine import (
     GlobalRNG,
@@ -28,7 +29,6 @@ from snapshot.reading_service._engine import (
     service_state,
 )
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceState
-from snapshot.restore import RestoreStrategy
 from snapshot.sharding import Topology, WorkerInfo, analyze
 
 __all__ = ["Executor", "LocalExecutor", "ShardedService", "resolve_logical_shards"]

@@ -34,8 +34,8 @@ from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any
 
+import snapshot.reading_service._transport as transport
 from snapshot import _serialization
-from snapshot.reading_service import _transport as transport
 
 
 def describe_error(exc: BaseException) -> dict[str, Any]:
@@ -98,9 +98,9 @@ def run_worker(requests: Connection, results: Connection, setup: bytes, parent: 
 
 def _serve(requests: Connection, sender: transport.Sender, setup: bytes, parent: int) -> None:
     from snapshot.graph import Graph
+    from snapshot.plan import RestoreStrategy
     from snapshot.randomness import EpochSeeds
     from snapshot.reading_service._engine import ShardEngine
-    from snapshot.restore import RestoreStrategy
     from snapshot.sharding import analyze
 
     _send = sender.send

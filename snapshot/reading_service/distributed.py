@@ -39,11 +39,11 @@ from snapshot import _atomic, format, multipart
 from snapshot.errors import LayoutError, RankError, ShardingError, SnapshotError
 from snapshot.graph import Graph
 from snapshot.multipart import distributed_manifest, part_info
+from snapshot.plan import RestoreStrategy
 from snapshot.randomness import SeedGenerator
 from snapshot.reading_service._sharded import ShardedService, resolve_logical_shards
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceState
 from snapshot.reading_service.in_process import InProcessReadingService
-from snapshot.restore import RestoreStrategy
 from snapshot.schema import shard_finished
 from snapshot.sharding import analyze
 

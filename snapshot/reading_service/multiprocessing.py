@@ -29,18 +29,18 @@ from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+import snapshot.reading_service._transport as transport
 from snapshot import _serialization
 from snapshot._warnings import user_stacklevel
 from snapshot.errors import LayoutError, SnapshotError, WorkerError
 from snapshot.graph import Graph
+from snapshot.plan import RestoreStrategy
 from snapshot.randomness import EpochSeeds
-from snapshot.reading_service import _transport as transport
 from snapshot.reading_service._dispatch import Dispatcher, DispatchFailed
 from snapshot.reading_service._engine import GlobalRNG, parts, recombine
 from snapshot.reading_service._sharded import Executor, LocalExecutor, ShardedService
 from snapshot.reading_service._worker import run_worker
 from snapshot.reading_service.base import ServiceState
-from snapshot.restore import RestoreStrategy
 from snapshot.sharding import Topology, WorkerInfo, analyze
 
 __all__ = ["MultiProcessingReadingService"]

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from snapshot.plan import RestoreStrategy
 from snapshot.randomness import SeedGenerator
 from snapshot.reading_service._sharded import ShardedService
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceState
 from snapshot.reading_service.distributed import DistributedReadingService
-from snapshot.restore import RestoreStrategy
 
 __all__ = ["SequentialReadingService"]
 

@@ -1,0 +1,220 @@
+"""Deciding a restore: the strategies, the checks made before anything changes, and the
+printable :class:`Plan` of which node restores from its state and which subgraphs replay.
+
+Three strategies (``RestoreStrategy`` or their string values):
+
+``fast_forward``
+    Rebuild the graph, reseed it with the saved seeds, and replay the saved number of
+    samples. Works for any graph; costs O(samples since the epoch began).
+``state``
+    Put every node back from its saved state; costs O(size of the state). Refused up front,
+    listing every node that has no state hook, when the graph needs replay.
+``auto``
+    Use state wherever the graph allows and replay only the smallest subgraphs that hold a
+    node without a hook.
+
+Everything is checked before the loader is touched: the file, the graph (node by node, with
+saved and current side by side), the reading-service layout and the strategy. All
+problems are collected and raised together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from snapshot._choice import Choice
+from snapshot.errors import GraphMismatchError, RestoreError, StrategyError
+
+if TYPE_CHECKING:  # the graph and the hooks import torch: loaded when a restore is planned
+    from snapshot.graph import Graph
+
+__all__ = ["Plan", "RestoreStrategy", "check_graph", "check_restorable", "make_plan", "needs_replay"]
+
+
+class RestoreStrategy(Choice):
+    """How a restore puts the graph back at the saved position."""
+
+    FAST_FORWARD = "fast_forward"
+    STATE = "state"
+    AUTO = "auto"
+
+    @classmethod
+    def label(cls) -> str:
+        return "restore strategy"
+
+
+def check_graph(saved_nodes: list[dict[str, Any]], graph: Graph) -> None:
+    """Raise :class:`GraphMismatchError` naming every node that differs."""
+    from snapshot.graph import compare_nodes
+
+    diffs = compare_nodes(saved_nodes, graph)
+    if not diffs:
+        return
+    listing = "\n".join(str(d) for d in diffs[:20])
+    more = f"\n  ... and {len(diffs) - 20} more" if len(diffs) > 20 else ""
+    raise GraphMismatchError(
+        f"the graph given to the loader does not match the graph in the snapshot "
+        f"({len(diffs)} difference{'s' if len(diffs) != 1 else ''}):\n{listing}{more}\n"
+        "Build the graph exactly as when the snapshot was saved, or use "
+        "DataLoader2.from_snapshot(...) to restore with the graph pickled inside it.",
+        [(d.path, d.saved, d.current) for d in diffs],
+    )
+
+
+def check_restorable(graph: Graph, nodes: set[str] | None = None) -> None:
+    """Raise :class:`RestoreError` naming every node (of ``nodes``, default all) that no
+    strategy can put back (see :func:`snapshot.hooks.register_refusal`)."""
+    from snapshot.hooks import refusal_for
+
+    refused = []
+    for node in graph.nodes:
+        if nodes is None or node.path in nodes:
+            reason = refusal_for(node.datapipe)
+            if reason is not None:
+                refused.append(f"  {node.path}: {node.signature}: {reason}")
+    if refused:
+        raise RestoreError(
+            f"this graph cannot be snapshotted exactly: {len(refused)} node(s) draw from a "
+            "generator that neither a state hook nor a replay can put back:\n" + "\n".join(refused)
+        )
+
+
+def needs_replay(graph: Graph, nodes: set[str] | None = None) -> dict[str, str]:
+    """Nodes (of ``nodes``, default all) that cannot be restored from state, with the reason."""
+    from torch.utils.data import MapDataPipe
+
+    from snapshot.hooks import hook_for
+
+    reasons: dict[str, str] = {}
+    for node in graph.nodes:
+        if nodes is not None and node.path not in nodes:
+            continue
+        if isinstance(node.datapipe, MapDataPipe):
+            continue  # map-style pipes have no position
+        hook = hook_for(node.datapipe)
+        if hook is None:
+            reasons[node.path] = "no state hook (its position lives in its generator)"
+        elif hook.iterator is not None and not hook.iterator.always_restorable:
+            reason = hook.iterator.can_restore(node, graph)
+            if reason is not None:
+                reasons[node.path] = reason
+    return reasons
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Which nodes a restore replays from the start of the epoch, and through which drivers.
+
+    Every other node is put back from its saved state. A *driver* is the node whose saved
+    count is replayed: the smallest subgraph containing a node without a hook whose nodes
+    feed nothing outside it.
+    """
+
+    strategy: RestoreStrategy
+    replay: frozenset[str]
+    drivers: tuple[tuple[str, int], ...]
+    reasons: Mapping[str, str] = field(default_factory=dict)
+    #: The replay reaches the part's input (a logical shard's sharding point): the samples
+    #: it received since the start of the epoch must be produced again.
+    reaches_ports: bool = False
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy.value,
+            "drivers": [{"path": p, "replay": n} for p, n in self.drivers],
+            "replayed_nodes": sorted(self.replay),
+            "reasons": dict(self.reasons),
+            "reaches_sharding_point": self.reaches_ports,
+        }
+
+    def method(self, path: str) -> str:
+        return "replay" if path in self.replay else "state"
+
+    def __str__(self) -> str:
+        lines = [f"restore plan ({self.strategy.value}):"]
+        if not self.drivers:
+            lines.append("  every node is restored from its state; nothing is replayed")
+        for path, count in self.drivers:
+            lines.append(f"  replay {count} samples of {path} (and the {len(self.replay)} nodes it reads from)")
+        for path, reason in self.reasons.items():
+            lines.append(f"  {path} needs replay: {reason}")
+        return "\n".join(lines)
+
+
+class _Part:
+    """The part of a graph one run covers: ``nodes``, with ``ports`` as its leaves."""
+
+    def __init__(self, graph: Graph, sinks: list[str], ports: frozenset[str]):
+        self.graph = graph
+        self.ports = ports
+        covered: set[str] = set()
+        for sink in sinks:
+            covered.update(graph.ancestors(sink, stop=ports))
+        self.nodes = covered
+        self.order = {n.path: i for i, n in enumerate(graph.nodes)}
+
+    def closure(self, path: str) -> set[str]:
+        return set(self.graph.ancestors(path, stop=self.ports))
+
+    def consumers(self, path: str) -> set[str]:
+        return {c for c in self.graph[path].consumers if c in self.nodes}
+
+    def is_closed(self, driver: str, closure: set[str]) -> bool:
+        return all(self.consumers(p) <= closure for p in closure if p != driver)
+
+    def descendants(self, path: str) -> list[str]:
+        seen, stack = {path}, [path]
+        while stack:
+            for consumer in self.consumers(stack.pop()):
+                if consumer not in seen:
+                    seen.add(consumer)
+                    stack.append(consumer)
+        return sorted(seen, key=self.order.__getitem__)
+
+    def smallest_closed(self, path: str) -> tuple[str, set[str]]:
+        best: tuple[str, set[str]] | None = None
+        for candidate in self.descendants(path):
+            closure = self.closure(candidate)
+            if self.is_closed(candidate, closure) and (best is None or len(closure) < len(best[1])):
+                best = (candidate, closure)
+        assert best is not None  # a sink of the part always qualifies
+        return best
+
+
+def make_plan(graph: Graph, counts: Mapping[str, int | None], strategy: RestoreStrategy,
+              sinks: list[str] | None = None, ports: frozenset[str] = frozenset()) -> Plan:
+    """The restore plan for the part of ``graph`` behind ``sinks`` at the saved ``counts``.
+
+    ``ports`` are nodes fed from outside the part (a logical shard's input): they are put
+    back by their owner, never replayed.
+    """
+    from snapshot.graph import ROOT
+
+    sinks = sinks or [ROOT]
+    part = _Part(graph, sinks, ports)
+    check_restorable(graph, part.nodes - ports)
+    reasons = needs_replay(graph, part.nodes - ports)
+    if strategy is RestoreStrategy.FAST_FORWARD:
+        return Plan(strategy, frozenset(part.nodes - ports),
+                    tuple((s, int(counts.get(s) or 0)) for s in sinks), reasons, bool(part.nodes & ports))
+    if strategy is RestoreStrategy.STATE and reasons:
+        listing = "\n".join(f"  {p}: {graph[p].signature}: {r}" for p, r in reasons.items())
+        raise StrategyError(
+            f"strategy='state' needs a state hook on every node, and {len(reasons)} node(s) "
+            f"cannot be restored from state:\n{listing}\nUse strategy='auto' (replays only the "
+            "smallest subgraph around them) or 'fast_forward', or add hooks with "
+            "snapshot.register_state_hook()."
+        )
+    chosen: dict[str, set[str]] = {}
+    for path in reasons:
+        driver, closure = part.smallest_closed(path)
+        chosen[driver] = closure
+    drivers = [d for d in chosen if not any(d != o and d in chosen[o] for o in chosen)]
+    replay: set[str] = set()
+    for d in drivers:
+        replay |= chosen[d]
+    drivers.sort(key=part.order.__getitem__)
+    return Plan(strategy, frozenset(replay - ports), tuple((d, int(counts.get(d) or 0)) for d in drivers),
+                reasons, bool(replay & ports))

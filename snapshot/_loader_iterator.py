@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from snapshot.hooks._positions import BufferState
 
 if TYPE_CHECKING:
-    from snapshot.dataloader2 import DataLoader2
+    from snapshot._loader_parts import IteratedLoader
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -81,7 +81,7 @@ class DataLoader2Iterator(Iterator[T_co]):
     exactly; the restored loader is not paused and has no limit.
     """
 
-    def __init__(self, dataloader: DataLoader2[T_co], iterator_id: int):
+    def __init__(self, dataloader: IteratedLoader, iterator_id: int):
         self.dataloader = dataloader
         self.iterator_id = iterator_id
 

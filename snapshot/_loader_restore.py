@@ -18,7 +18,7 @@ from snapshot.randomness import SeedGenerator
 from snapshot.schema import SavedState, VerifyRecord
 
 if TYPE_CHECKING:
-    from snapshot.dataloader2 import DataLoader2
+    from snapshot._loader_parts import LoaderParts
     from snapshot.reading_service.base import ReadingServiceInterface
 
 
@@ -39,7 +39,7 @@ def load_with_graph(src: Any, reading_service: ReadingServiceInterface | None,
     return snap, reading_service
 
 
-def restore(loader: DataLoader2[Any], snap: Snapshot, strategy: RestoreStrategy) -> None:
+def restore(loader: LoaderParts, snap: Snapshot, strategy: RestoreStrategy) -> None:
     """Position ``loader`` where ``snap`` was saved, after checking that it can be."""
     if loader._terminated:
         raise RuntimeError("Cannot restore a DataLoader2 that has been shut down")
@@ -97,7 +97,7 @@ def _rank_position(state: dict[str, Any], collective: Any) -> Any:
     return ranks[rank] if len(ranks) == world else None
 
 
-def _apply(loader: DataLoader2[Any], state: dict[str, Any], service_state: dict[str, Any],
+def _apply(loader: LoaderParts, state: dict[str, Any], service_state: dict[str, Any],
            strategy: RestoreStrategy, rank_position: Any = False) -> None:
     pos = loader._position
     if pos.datapipe_iter is not None:
@@ -140,7 +140,7 @@ def _apply(loader: DataLoader2[Any], state: dict[str, Any], service_state: dict[
         pos.reset_iter = False
 
 
-def fingerprint_ahead(loader: DataLoader2[Any], count: int) -> dict[str, Any]:
+def fingerprint_ahead(loader: LoaderParts, count: int) -> dict[str, Any]:
     """Compute up to ``count`` samples ahead (kept for the loader) and fingerprint them."""
     pos = loader._position
     if pos.epoch < 0 or pos.epoch_finished:
@@ -156,7 +156,7 @@ def fingerprint_ahead(loader: DataLoader2[Any], count: int) -> dict[str, Any]:
             "ends": len(ahead) < count}
 
 
-def verify(loader: DataLoader2[Any], recorded: VerifyRecord) -> None:
+def verify(loader: LoaderParts, recorded: VerifyRecord) -> None:
     """Refuse a restored stream whose next samples differ from those recorded at saving."""
     pos = loader._position
     count = recorded.count

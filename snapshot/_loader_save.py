@@ -14,7 +14,7 @@ from snapshot.format import PathOrFile
 from snapshot.multipart import part_info, parts_state_dict
 
 if TYPE_CHECKING:
-    from snapshot.dataloader2 import DataLoader2
+    from snapshot._loader_parts import LoaderParts
 
 
 def check_keep_last(dest: Any, keep_last: int) -> None:
@@ -26,7 +26,7 @@ def check_keep_last(dest: Any, keep_last: int) -> None:
     _rotation.prune_check(dest)
 
 
-def snapshot_source(loader: DataLoader2[Any], *, include_graph: bool, verify: int = 0) -> LoaderState:
+def snapshot_source(loader: LoaderParts, *, include_graph: bool, verify: int = 0) -> LoaderState:
     """What ``loader`` reports for a capture; ``verify=K`` fingerprints the next K samples."""
     if loader._graph is None:
         raise SnapshotError("this DataLoader2 has no graph yet; nothing to capture")
@@ -53,7 +53,7 @@ def snapshot_source(loader: DataLoader2[Any], *, include_graph: bool, verify: in
     return source
 
 
-def save_now(loader: DataLoader2[Any], dest: PathOrFile | None, *, include_graph: bool,
+def save_now(loader: LoaderParts, dest: PathOrFile | None, *, include_graph: bool,
              keep_last: int | None, key: bytes | str | None, verify: int) -> Snapshot:
     """Capture and, when ``dest`` is given, write (a collective across ranks)."""
     collective = loader._collective()
@@ -71,7 +71,7 @@ def save_now(loader: DataLoader2[Any], dest: PathOrFile | None, *, include_graph
     return snap
 
 
-def save_in_background(loader: DataLoader2[Any], dest: PathOrFile | None, *, include_graph: bool,
+def save_in_background(loader: LoaderParts, dest: PathOrFile | None, *, include_graph: bool,
                        keep_last: int | None, key: bytes | str | None, verify: int) -> Future[str]:
     """Capture now; pickle and write in the loader's background saver (synchronous across ranks)."""
     if dest is None or not isinstance(dest, (str, os.PathLike)):  # a path or a URL
@@ -96,7 +96,7 @@ def save_in_background(loader: DataLoader2[Any], dest: PathOrFile | None, *, inc
     return loader._saver.submit(write, path)
 
 
-def state_dict(loader: DataLoader2[Any]) -> dict[str, Any]:
+def state_dict(loader: LoaderParts) -> dict[str, Any]:
     """``loader.state_dict()``: across ranks, every rank's part on every rank (DCP keeps one copy)."""
     snap = capture(loader, include_graph=True)
     collective = loader._collective()

@@ -1,0 +1,50 @@
+"""What the loader's helper modules may use of a ``DataLoader2``, as typed protocols.
+
+``dataloader2.py`` imports the helpers (iteration, saving, restoring); they see the loader
+only through these protocols, so every import points down and none leads back to the class.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from snapshot._background import BackgroundSaver
+    from snapshot._loader_position import LivePosition
+    from snapshot.graph import Graph
+    from snapshot.reading_service.base import ReadingServiceInterface
+
+__all__ = ["IteratedLoader", "LoaderParts"]
+
+
+class IteratedLoader(Protocol):
+    """What ``DataLoader2Iterator`` reads and calls: the position, pausing and the limit."""
+
+    valid_iterator_id: int | None
+    _position: LivePosition
+    _paused: bool
+    _limit_threshold: int | None
+    _limit_counter: int | None
+
+    def shutdown(self) -> None: ...
+    def _end_epoch(self) -> None: ...
+    def _count_towards_limit(self) -> None: ...
+    def _limit(self, num_batches: int | None) -> None: ...
+    def _resume(self) -> None: ...
+
+
+class LoaderParts(Protocol):
+    """What saving and restoring read and set: the graph, the service, the position."""
+
+    reading_service: ReadingServiceInterface
+    datapipe: Any
+    _graph: Graph | None
+    _graph_bytes: bytes | None
+    _service_bytes: bytes
+    _position: LivePosition
+    _terminated: bool
+    _saver: BackgroundSaver
+
+    def state_dict(self) -> dict[str, Any]: ...
+    def _set_graph_bytes(self, data: bytes, datapipe: Any = None) -> None: ...
+    def _collective(self) -> Any: ...

@@ -32,7 +32,7 @@ from snapshot.errors import PositionError, RestoreError
 from snapshot.graph import ROOT, Graph
 from snapshot.hooks import StateHook, hook_for
 from snapshot.hooks._base import ResumableIterator, _note
-from snapshot.plan import Plan, RestoreStrategy
+from snapshot.plan import Plan, log_plan
 
 __all__ = ["CountingIterator", "NodeRecord", "Run", "capture_persistent", "restore_persistent", "rewind"]
 
@@ -46,12 +46,8 @@ BUFFER_STATE = "buffer_state"
 
 _log = logging.getLogger(__name__)
 
-#: A restore that replays at least this many samples because of a pipe without a state hook
-#: warns (once per node and pipe class in a process) that a hook would make it fast.
-REPLAY_WARNING = 10_000
 #: A replay of at least this many samples shows a progress bar (see :mod:`snapshot._progress`).
 REPLAY_PROGRESS = 1_000
-_warned: set[tuple[str, str]] = set()
 
 
 class CountingIterator(Iterator[Any]):
@@ -259,7 +255,7 @@ class Run(Iterator[Any]):
 
     def _replay_drivers(self, plan: Plan, records: Mapping[str, NodeRecord]) -> None:
         drivers = [(path, count) for path, count in plan.drivers if path in self._cells]
-        self._log_plan(plan, drivers)
+        log_plan(plan, self.graph, drivers, hooked=lambda node: self._hooks.get(node) is not None)
         total = sum(count for _, count in drivers)
         with _progress.bar(total, "snapshot: replaying", minimum=REPLAY_PROGRESS, unit="sample") as progress:
             for path, count in drivers:
@@ -316,31 +312,6 @@ class Run(Iterator[Any]):
             done += 1
             if progress is not None and done % 256 == 0:
                 progress.update(256)
-
-    def _log_plan(self, plan: Plan, drivers: list[tuple[str, int]]) -> None:
-        """INFO: what the restore replays; WARNING: a long replay caused by a pipe without a hook."""
-        if not drivers:
-            _log.info("restore (%s): every node from its saved state, nothing replayed", plan.strategy.value)
-        for path, count in drivers:
-            behind = [p for p in self.graph.ancestors(path) if p in plan.replay]
-            _log.info("restore (%s): replaying %d samples of %s (%s) through %d node(s); the others from their "
-                      "saved state", plan.strategy.value, count, path, self.graph[path].signature, len(behind))
-            if count < REPLAY_WARNING or plan.strategy is RestoreStrategy.FAST_FORWARD:
-                continue
-            for node in behind:
-                if node not in plan.reasons or self._hooks.get(node) is not None:
-                    continue
-                cls = type(self.graph[node].datapipe)
-                key = (node, f"{cls.__module__}.{cls.__qualname__}")
-                if key in _warned:
-                    continue
-                _warned.add(key)
-                _log.warning(
-                    "restoring replays %d samples because the DataPipe at %s (%s) has no state hook, so its "
-                    "position can only be reached by replaying. Give %s state_dict() and load_state_dict(state) "
-                    "methods (the torchdata Stateful protocol), or register a hook with "
-                    "snapshot.register_state_hook(%s, ...) (see the state hooks how-to); it is then restored "
-                    "from its state.", count, node, self.graph[node].signature, cls.__qualname__, cls.__qualname__)
 
     def cell(self, path: str) -> Any:
         """The iterator running node ``path`` in this run."""

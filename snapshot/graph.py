@@ -49,24 +49,9 @@ from snapshot._graph_utils import (
     traverse_dps,
 )
 
-__all__ = [
-    "ROOT",
-    "DataPipe",
-    "DataPipeGraph",
-    "Graph",
-    "Node",
-    "NodeDiff",
-    "compare_nodes",
-    "describe_value",
-    "find_dps",
-    "list_dps",
-    "remove_dp",
-    "replace_dp",
-    "set_datapipes_seed",
-    "set_graph_random_seed",
-    "traverse_dps",
-    "type_name",
-]
+__all__ = ["ROOT", "DataPipe", "DataPipeGraph", "Graph", "Node", "NodeDiff", "compare_nodes", "describe_value",
+           "find_dps", "list_dps", "remove_dp", "replace_dp", "set_datapipes_seed", "set_graph_random_seed",
+           "traverse_dps", "type_name"]
 
 ROOT = "0"
 #: Collections longer than this are not searched for input DataPipes.

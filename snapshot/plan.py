@@ -20,7 +20,8 @@ problems are collected and raised together.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +31,15 @@ from snapshot.errors import GraphMismatchError, RestoreError, StrategyError
 if TYPE_CHECKING:  # the graph and the hooks import torch: loaded when a restore is planned
     from snapshot.graph import Graph
 
-__all__ = ["Plan", "RestoreStrategy", "check_graph", "check_restorable", "make_plan", "needs_replay"]
+__all__ = ["Plan", "RestoreStrategy", "check_graph", "check_restorable", "log_plan", "make_plan", "needs_replay"]
+
+
+_log = logging.getLogger(__name__)
+
+#: A restore that replays at least this many samples because of a pipe without a state hook
+#: warns (once per node and pipe class in a process) that a hook would make it fast.
+REPLAY_WARNING = 10_000
+_warned: set[tuple[str, str]] = set()
 
 
 class RestoreStrategy(Choice):
@@ -218,3 +227,32 @@ def make_plan(graph: Graph, counts: Mapping[str, int | None], strategy: RestoreS
     drivers.sort(key=part.order.__getitem__)
     return Plan(strategy, frozenset(replay - ports), tuple((d, int(counts.get(d) or 0)) for d in drivers),
                 reasons, bool(replay & ports))
+
+
+def log_plan(plan: Plan, graph: Graph, drivers: list[tuple[str, int]], *, hooked: Callable[[str], bool]) -> None:
+    """Log a plan as it is applied: INFO says what the restore replays (``drivers``: the replay
+    drivers of ``graph`` and their counts); WARNING, once per node and pipe class in a process,
+    a long replay caused by a pipe without a hook (``hooked(path)`` says which have one)."""
+    if not drivers:
+        _log.info("restore (%s): every node from its saved state, nothing replayed", plan.strategy.value)
+    for path, count in drivers:
+        behind = [p for p in graph.ancestors(path) if p in plan.replay]
+        _log.info("restore (%s): replaying %d samples of %s (%s) through %d node(s); the others from their "
+                  "saved state", plan.strategy.value, count, path, graph[path].signature, len(behind))
+        if count < REPLAY_WARNING or plan.strategy is RestoreStrategy.FAST_FORWARD:
+            continue
+        for node in behind:
+            if node not in plan.reasons or hooked(node):
+                continue
+            cls = type(graph[node].datapipe)
+            key = (node, f"{cls.__module__}.{cls.__qualname__}")
+            if key in _warned:
+                continue
+            _warned.add(key)
+            _log.warning(
+                "restoring replays %d samples because the DataPipe at %s (%s) has no state hook, so its "
+                "position can only be reached by replaying. Give %s state_dict() and load_state_dict(state) "
+                "methods (the torchdata Stateful protocol), or register a hook with "
+                "snapshot.register_state_hook(%s, ...) (see the state hooks how-to); it is then restored "
+                "from its state.", count, node, graph[node].signature, cls.__qualname__, cls.__qualname__)
+

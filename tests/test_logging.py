@@ -10,7 +10,7 @@ import pytest
 from torch.utils.data.datapipes.iter import Batcher, IterableWrapper
 
 import snapshot
-from snapshot import _progress, execution
+from snapshot import _progress, plan
 from tests import graphs
 
 
@@ -48,8 +48,8 @@ def test_save_logs_path_size_and_time(tmp_path: Any, caplog: pytest.LogCaptureFi
 
 def test_restore_logs_its_plan_and_warns_once_about_a_long_replay(
         tmp_path: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(execution, "REPLAY_WARNING", 100)
-    monkeypatch.setattr(execution, "_warned", set())
+    monkeypatch.setattr(plan, "REPLAY_WARNING", 100)
+    monkeypatch.setattr(plan, "_warned", set())
     path = tmp_path / "data.snap"
     rest = saved_at(lambda: hookless(400), 80, path)   # 160 samples of the hookless pipe
     for attempt in range(2):
@@ -73,12 +73,12 @@ def test_restore_logs_its_plan_and_warns_once_about_a_long_replay(
 
 def test_a_short_replay_or_an_explicit_fast_forward_does_not_warn(
         tmp_path: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(execution, "_warned", set())
+    monkeypatch.setattr(plan, "_warned", set())
     path = tmp_path / "data.snap"
     saved_at(lambda: hookless(400), 80, path)
     with caplog.at_level(logging.INFO, logger="snapshot"):
         snapshot.DataLoader2(hookless(400)).restore_snapshot(path)             # 160 < REPLAY_WARNING
-        monkeypatch.setattr(execution, "REPLAY_WARNING", 100)
+        monkeypatch.setattr(plan, "REPLAY_WARNING", 100)
         snapshot.DataLoader2(hookless(400)).restore_snapshot(path, strategy="fast_forward")  # asked for
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
     assert any("restore (fast_forward): replaying 80 samples of 0 (BatcherIterDataPipe(batch_size=2" in r.getMessage()

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from snapshot._io import load, save
 from snapshot._rotation import latest
+from snapshot._sources import read_manifest
 from snapshot._version import __version__
 from snapshot.capture import Snapshot, capture
 from snapshot.errors import (
@@ -48,7 +49,6 @@ from snapshot.errors import (
     VersionSkewError,
     WorkerError,
 )
-from snapshot.format import read_manifest
 from snapshot.plan import RestoreStrategy
 from snapshot.restore import restore
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from snapshot import _atomic, _object_directory, _progress, format, multipart
+from snapshot import _atomic, _object_directory, _progress, _sources, format, multipart
 from snapshot.capture import Snapshot
 from snapshot.errors import CorruptSnapshotError, SnapshotFileError
 
@@ -112,7 +112,7 @@ def load(src: Any, *, key: bytes | str | None = None) -> Snapshot:
         source = "<bytes>"
     else:
         try:
-            container = format.read_container(src, key=key)
+            container = _sources.read_container(src, key=key)
         except OSError as exc:
             raise SnapshotFileError(f"cannot read the snapshot: {exc}", source=str(src)) from exc
         source = str(getattr(src, "name", src))

@@ -21,7 +21,7 @@ import re
 import uuid
 from typing import Any
 
-from snapshot import _storage, format
+from snapshot import _sources, _storage, format
 from snapshot.errors import CorruptSnapshotError, RankError, SnapshotError, SnapshotFileError
 from snapshot.multipart import distributed_manifest, part_info
 
@@ -45,7 +45,7 @@ def is_directory(url: Any) -> bool:
 def read_parts(url: str, *, key: bytes | str | None = None) -> tuple[dict[str, Any], list[format.Container]]:
     """The global manifest and every rank's part, each verified against the index."""
     index = _index(url)
-    manifest = format.read_container(index, key=key).manifest
+    manifest = _sources.read_container(index, key=key).manifest
     prefix = manifest.get(PREFIX)
     if not isinstance(prefix, str) or not _TOKEN.fullmatch(prefix):
         raise CorruptSnapshotError(f"the index names no valid parts prefix ({prefix!r})", source=index)
@@ -88,7 +88,7 @@ def save_directory(collective: Any, part: bytes, manifest: dict[str, Any], dest:
             previous = None
             if _storage.exists(_index(url)):
                 try:
-                    previous = format.read_manifest(_index(url)).get(PREFIX)
+                    previous = _sources.read_manifest(_index(url)).get(PREFIX)
                 except SnapshotFileError:
                     previous = None
             index = {**distributed_manifest(infos), PREFIX: token}

@@ -15,7 +15,7 @@ import re
 import shutil
 from collections.abc import Iterator
 
-from snapshot import format
+from snapshot import _sources
 from snapshot.errors import SnapshotError
 
 __all__ = ["latest", "prune", "prune_check", "snapshots"]
@@ -48,7 +48,7 @@ def _candidates(directory: str, pattern: re.Pattern[str] | None = None) -> Itera
 
 def _is_snapshot(path: str) -> bool:
     try:
-        format.read_manifest(path)
+        _sources.read_manifest(path)
     except (SnapshotError, OSError) as exc:
         _log.debug("skipping %s: not a complete snapshot (%s)", path, exc)
         return False

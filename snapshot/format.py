@@ -29,7 +29,8 @@ snapshot is a directory (``manifest.snap`` plus one file per rank), or the same 
 with the ranks' files joined in the payload: see :mod:`snapshot.multipart`. Files are
 written atomically by :mod:`snapshot._atomic`.
 
-This module knows nothing of graphs, loaders or pickling.
+Reading bytes from a path, a URL or a directory is :mod:`snapshot._sources`. This module knows
+nothing of graphs, loaders, storage or pickling.
 """
 
 from __future__ import annotations
@@ -44,14 +45,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import IO, Any, Union
 
-from snapshot import _storage, schema
+from snapshot import schema
 from snapshot.errors import (
     CorruptSnapshotError,
     EmptySnapshotError,
     ForeignFileError,
     ManifestError,
     SignatureError,
-    SnapshotFileError,
     TruncatedSnapshotError,
 )
 
@@ -66,8 +66,7 @@ __all__ = [
     "pack",
     "pack_parts",
     "payload_record",
-    "read_container",
-    "read_manifest",
+    "read_head",
     "resolve_key",
     "to_state_dict",
     "unpack",
@@ -247,63 +246,6 @@ def _parse_manifest(data: bytes, source: str) -> tuple[dict[str, Any], schema.Ma
     return manifest, _validate(manifest, source)
 
 
-def _source_name(src: PathOrFile) -> str:
-    if isinstance(src, (str, os.PathLike)):
-        return os.fspath(src)
-    return str(getattr(src, "name", "<stream>"))
-
-
-_ACCEPTED = "a path (str or os.PathLike), a binary file object open for reading, or bytes"
-
-
-def _check_readable(src: Any) -> None:
-    """A :class:`TypeError` saying what is accepted, for anything else."""
-    if isinstance(src, (bytes, bytearray, memoryview)):
-        return
-    if isinstance(src, (str, os.PathLike)):
-        if isinstance(os.fspath(src), bytes):
-            raise TypeError("a snapshot path must be a str or an os.PathLike of str, not bytes")
-        return
-    if not callable(getattr(src, "read", None)):
-        raise TypeError(f"a snapshot is read from {_ACCEPTED}, not from a {type(src).__name__}")
-    if isinstance(src, io.TextIOBase):
-        raise TypeError("a snapshot is binary: open the file with mode 'rb', not in text mode")
-
-
-def path_error(exc: OSError, source: str) -> SnapshotFileError:
-    """A clear error for a path that cannot be opened for reading."""
-    parent = os.path.dirname(os.path.abspath(source))
-    if isinstance(exc, FileNotFoundError):
-        where = "" if os.path.isdir(parent) else f" (its directory {parent} does not exist either)"
-        return SnapshotFileError(f"no such file{where}; check the path (a distributed snapshot is a directory)",
-                                 source=source)
-    if isinstance(exc, IsADirectoryError):
-        return SnapshotFileError("this is a directory without a snapshot's index; pass the snapshot file "
-                                 "inside it, or the directory a distributed run saved", source=source)
-    if isinstance(exc, NotADirectoryError):
-        return SnapshotFileError("a part of this path is a file, not a directory; check the path", source=source)
-    return SnapshotFileError(f"cannot be read: {exc.strerror or exc}", source=source)
-
-
-def _read_all(src: PathOrFile) -> bytes:
-    _check_readable(src)
-    if isinstance(src, (bytes, bytearray, memoryview)):
-        return bytes(src)
-    if _storage.is_url(src):
-        return _storage.read_bytes(str(src))
-    if isinstance(src, (str, os.PathLike)):
-        try:
-            with open(src, "rb") as f:
-                return f.read()
-        except OSError as exc:
-            raise path_error(exc, os.fspath(src)) from exc
-    data = src.read()
-    if not isinstance(data, (bytes, bytearray)):
-        raise TypeError(f"the file object returned {type(data).__name__} from read(), not bytes: open it in "
-                        "binary mode ('rb')")
-    return bytes(data)
-
-
 def unpack(
     data: bytes,
     *,
@@ -354,61 +296,18 @@ def unpack(
     return Container(manifest, payload, signed, len(data), info)
 
 
-def read_container(src: PathOrFile, *, key: bytes | str | None = None) -> Container:
-    """Read and verify a snapshot file (path or binary file object)."""
-    return unpack(_read_all(src), source=_source_name(src), key=key)
-
-
-def read_manifest(src: PathOrFile) -> dict[str, Any]:
-    """The manifest of a snapshot file, verified, without reading or unpickling the payload.
-
-    ``src`` is a path or a binary file object. The header and the manifest's checksum are
-    checked (a damaged or foreign file raises a :class:`~snapshot.SnapshotFileError`); the
-    payload is never read, so this is safe on a file of any origin.
-
-    Examples:
-        >>> import io
-        >>> from torch.utils.data.datapipes.iter import IterableWrapper
-        >>> import snapshot
-        >>> dl = snapshot.DataLoader2(IterableWrapper(range(10)).batch(2))
-        >>> _ = next(iter(dl))
-        >>> f = io.BytesIO()
-        >>> snapshot.save(dl.save_snapshot(), f)
-        >>> _ = f.seek(0)
-        >>> manifest = snapshot.read_manifest(f)
-        >>> manifest["loader"]["epoch"], manifest["loader"]["yielded"]
-        (0, 1)
-        >>> [node["path"] for node in manifest["graph"]["nodes"]]
-        ['0', '0/datapipe']
-    """
-    _check_readable(src)
-    source = _source_name(src)
-    if _storage.is_url(src):  # an object, or a distributed snapshot's index
-        src = io.BytesIO(_storage.read_bytes(_storage.index_or_object(str(src))))
-    if isinstance(src, (str, os.PathLike)) and os.path.isdir(src) \
-            and os.path.exists(os.path.join(src, DIRECTORY_MANIFEST)):
-        src = os.path.join(src, DIRECTORY_MANIFEST)  # a distributed snapshot: its global manifest
-        source = _source_name(src)
-    if isinstance(src, (str, os.PathLike)):
-        try:
-            with open(src, "rb") as f:
-                head = f.read(_PREFIX)
-                total = os.fstat(f.fileno()).st_size
-                _, mlen, _, mdigest, _ = _check_header(head, total, source)
-                manifest_bytes = f.read(mlen)
-        except OSError as exc:
-            raise path_error(exc, source) from exc
-        if not hmac.compare_digest(_sha256(manifest_bytes), mdigest):
-            raise CorruptSnapshotError(
-                "the manifest checksum does not match: the file was altered or damaged",
-                source=source, offset=_PREFIX,
-            )
-        manifest, _ = _parse_manifest(manifest_bytes, source)
-        manifest.setdefault("_file", {})["size"] = total
-        return manifest
-    container = unpack(_read_all(src), source=source, with_payload=False)
-    manifest = dict(container.manifest)
-    manifest.setdefault("_file", {})["size"] = container.size
+def read_head(f: IO[bytes], total: int, source: str) -> dict[str, Any]:
+    """The verified manifest of the container that ``f`` (at its start, ``total`` bytes long)
+    holds, reading only the header and the manifest: the payload is never read."""
+    head = f.read(_PREFIX)
+    _, mlen, _, mdigest, _ = _check_header(head, total, source)
+    manifest_bytes = f.read(mlen)
+    if not hmac.compare_digest(_sha256(manifest_bytes), mdigest):
+        raise CorruptSnapshotError(
+            "the manifest checksum does not match: the file was altered or damaged",
+            source=source, offset=_PREFIX,
+        )
+    manifest, _ = _parse_manifest(manifest_bytes, source)
     return manifest
 
 

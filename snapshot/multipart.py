@@ -29,7 +29,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from snapshot import format, schema
+from snapshot import _sources, format, schema
 from snapshot.errors import CorruptSnapshotError, SnapshotFileError, TruncatedSnapshotError
 
 __all__ = ["MANIFEST", "commit", "distributed_manifest", "is_directory_snapshot", "join_parts", "part_info",
@@ -90,7 +90,7 @@ def read_parts(src: str, *, key: bytes | str | None = None) -> tuple[format.Cont
     if os.path.isdir(path):
         raise SnapshotFileError(f"{MANIFEST} is a directory where the snapshot's index file should be",
                                 source=root)
-    index = format.read_container(path, key=key)
+    index = _sources.read_container(path, key=key)
     if not index.info.is_index:
         raise CorruptSnapshotError(
             f"{MANIFEST} lists no parts: it is not the index of a distributed snapshot", source=path)

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import snapshot
+from snapshot import _sources
 from snapshot import format as fmt
 from tests import graphs
 
@@ -77,7 +78,7 @@ def save(path: str, factory: Callable[[], Any] = graphs.combining, samples: int 
 
 def rewrite(src: str, dest: str, edit: Callable[[dict[str, Any]], None]) -> str:
     """Copy a snapshot with its manifest changed by ``edit`` (checksums recomputed, payload kept)."""
-    container = fmt.read_container(src)
+    container = _sources.read_container(src)
     manifest = copy.deepcopy(container.manifest)
     edit(manifest)
     with open(dest, "wb") as f:

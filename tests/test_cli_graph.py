@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from snapshot import format as fmt
+from snapshot import _sources
 from tests import graphs
 from tests.test_cli import rewrite, run_cli, run_cli_batch, save, three_shards
 
@@ -46,7 +46,7 @@ def test_dot_text_is_the_annotated_graph(files: dict[str, str], tmp_path) -> Non
     dot = stdout.stdout
     assert dot.startswith("digraph snapshot {") and dot.rstrip().endswith("}")
     assert out_file.read_text() == dot and to_file.stdout == ""
-    manifest = fmt.read_manifest(files["combining"])
+    manifest = _sources.read_manifest(files["combining"])
     nodes = manifest["graph"]["nodes"]
     assert len(node_lines(dot)) == len(nodes)
     edges = set(re.findall(r"^  (n\d+) -> (n\d+);$", dot, flags=re.M))

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from snapshot import _sources
 from snapshot import format as fmt
 from tests.test_cli import rewrite, run_cli, run_cli_batch, save
 
@@ -211,7 +212,7 @@ def test_graph_built_in_code(files: dict[str, str], tmp_path) -> None:
         *calls, env=env, cwd=str(tmp_path))
     assert same.returncode == 0, same.stdout + same.stderr
     assert status(same, "graph") == ("ok", "user_graphs:same builds the saved graph (15 nodes, fingerprint "
-                                           f"{fmt.read_manifest(files['plain'])['graph']['fingerprint'][:16]})")
+                                           f"{_sources.read_manifest(files['plain'])['graph']['fingerprint'][:16]})")
     assert ready.returncode == 0
     assert bigger.returncode == 1
     lines = [line.strip() for line in bigger.stdout.splitlines()]

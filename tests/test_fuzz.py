@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import snapshot
+from snapshot import _sources, multipart
 from snapshot import format as fmt
-from snapshot import multipart
 from tests import graphs
 
 FUZZ = settings(max_examples=150, derandomize=True, deadline=None, database=None,
@@ -90,7 +90,7 @@ def read_everything(data: bytes, directory: str, key: str | None = None) -> None
     path = os.path.join(directory, "fuzz.snap")
     with open(path, "wb") as f:
         f.write(data)
-    manifest = bounded(data, lambda: fmt.read_manifest(path))
+    manifest = bounded(data, lambda: _sources.read_manifest(path))
     if isinstance(manifest, dict):
         assert manifest["format"] == fmt.FORMAT_VERSION and manifest["_file"]["size"] == len(data)
     # The manifest-only reader never accepts less than the full reader checks up to the payload.
@@ -248,7 +248,7 @@ def test_a_header_declaring_an_enormous_payload_is_refused_without_allocating(wo
     path = os.path.join(workdir, "huge.snap")
     with open(path, "wb") as f:
         f.write(data)
-    for read in (lambda: fmt.unpack(bytes(data)), lambda: fmt.read_manifest(path)):
+    for read in (lambda: fmt.unpack(bytes(data)), lambda: _sources.read_manifest(path)):
         tracemalloc.start()
         try:
             with pytest.raises(snapshot.TruncatedSnapshotError, match="declares"):

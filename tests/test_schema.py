@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import snapshot
-from snapshot import _serialization, schema
+from snapshot import _serialization, _sources, schema
 from snapshot import format as fmt
 from snapshot.cli import _diff, _dot, _inspect, _view
 from tests import graphs
@@ -103,7 +103,7 @@ def _edited(edit: Any) -> dict[str, Any]:
 ])
 def test_a_wrong_field_is_named_with_what_was_expected(edit: Any, message: str) -> None:
     data = fmt.pack(_edited(edit), PAYLOAD)
-    for read in (lambda: fmt.read_manifest(io.BytesIO(data)), lambda: snapshot.load(data),
+    for read in (lambda: _sources.read_manifest(io.BytesIO(data)), lambda: snapshot.load(data),
                  lambda: snapshot.load(fmt.to_state_dict(_edited(edit), PAYLOAD))):
         with pytest.raises(snapshot.ManifestError) as info:
             read()
@@ -118,7 +118,7 @@ def test_a_wrong_field_is_named_with_what_was_expected(edit: Any, message: str) 
 ])
 def test_an_unknown_format_version_names_it_and_what_reads_it(version: int, message: str) -> None:
     manifest = _edited(lambda m: m.update(format=version))
-    for read in (lambda: fmt.read_manifest(io.BytesIO(fmt.pack(manifest, PAYLOAD))),
+    for read in (lambda: _sources.read_manifest(io.BytesIO(fmt.pack(manifest, PAYLOAD))),
                  lambda: snapshot.load({**fmt.to_state_dict(manifest, PAYLOAD), "snapshot_format": version})):
         with pytest.raises(snapshot.VersionSkewError, match=message.replace("(", r"\(").replace(")", r"\)")):
             read()
@@ -174,7 +174,7 @@ def read_everything(manifest: dict[str, Any]) -> None:
     """Every reader of a manifest; only a SnapshotError may escape."""
     data = fmt.pack(manifest, PAYLOAD)
     try:
-        info = fmt.read_manifest(io.BytesIO(data))
+        info = _sources.read_manifest(io.BytesIO(data))
     except snapshot.SnapshotError:
         info = None
     for read in (lambda: snapshot.load(data), lambda: snapshot.load(fmt.to_state_dict(manifest, PAYLOAD))):

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from snapshot import _sources
 from snapshot import format as fmt
 from snapshot.errors import SnapshotFileError
 
@@ -41,7 +42,7 @@ def locate(argument: str) -> Source:
 def read(argument: str) -> tuple[dict[str, Any], Source]:
     """The verified manifest (never the payload) of what ``argument`` names."""
     source = locate(argument)
-    return fmt.read_manifest(source.manifest), source
+    return _sources.read_manifest(source.manifest), source
 
 
 def part_path(source: Source, name: str) -> str:

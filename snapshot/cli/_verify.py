@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from typing import Any
 
-from snapshot import _storage
+from snapshot import _sources, _storage
 from snapshot import format as fmt
 from snapshot._version import __version__
 from snapshot.cli._exit import EXIT_INVALID, EXIT_OK, EXIT_PROBLEM, CommandError
@@ -226,7 +226,7 @@ def verify(source: Source, key: bytes | str | None, key_source: str | None,
     checks: list[Check] = []
     what = f"the manifest of a distributed snapshot ({source.directory})" if source.directory else "a snapshot file"
     try:
-        manifest = fmt.read_manifest(path)
+        manifest = _sources.read_manifest(path)
     except ManifestError as exc:
         return [Check("container", OK, f"{what}; sizes agree with the header"),
                 Check("manifest", FAIL, f"checksum matches and valid JSON, but not a valid manifest: "

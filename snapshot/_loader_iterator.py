@@ -6,6 +6,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from snapshot.hooks._positions import BufferState
+from snapshot.reading_service.base import ReadingServiceInterface
 
 if TYPE_CHECKING:
     from snapshot._loader_parts import IteratedLoader
@@ -94,7 +95,7 @@ class DataLoader2Iterator(Iterator[T_co]):
             raise RuntimeError(_INVALIDATED)
         pos = loader._position
         pos.reset_iter = True
-        if loader._paused:
+        if loader._pausing.paused:
             raise StopIteration
         if pos.lookahead:
             item = pos.lookahead.popleft()
@@ -111,16 +112,16 @@ class DataLoader2Iterator(Iterator[T_co]):
                 loader.shutdown()
                 raise
         pos.yielded += 1
-        loader._count_towards_limit()
+        loader._pausing.count()
         return item
 
     @property
     def limit_threshold(self) -> int | None:
-        return self.dataloader._limit_threshold
+        return self.dataloader._pausing.threshold
 
     @property
     def limit_counter(self) -> int | None:
-        return self.dataloader._limit_counter
+        return self.dataloader._pausing.counter
 
     def limit(self, num_batches: int | None) -> None:
         """Stop after ``num_batches`` more samples (counted from now; ``None`` removes the
@@ -138,3 +139,26 @@ class DataLoader2Iterator(Iterator[T_co]):
         if inner is None:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return getattr(inner, name)
+
+
+def adapter_list(datapipe_adapter_fn: Any) -> list[Any] | None:
+    """The constructor's ``datapipe_adapter_fn`` (``None``, one adapter or several) as a list."""
+    if datapipe_adapter_fn is None:
+        return None
+    if isinstance(datapipe_adapter_fn, Iterable):
+        return list(datapipe_adapter_fn)
+    return [datapipe_adapter_fn]
+
+
+def checked_service(service: Any) -> ReadingServiceInterface:
+    """The constructor's ``reading_service`` (default in-process), refused when not ours."""
+    from snapshot.reading_service.in_process import InProcessReadingService
+
+    service = service if service is not None else InProcessReadingService()
+    if not isinstance(service, ReadingServiceInterface):
+        raise TypeError(
+            f"reading_service must implement snapshot.ReadingServiceInterface, got "
+            f"{type(service).__name__}. torchdata's own reading services cannot take "
+            "snapshots; use the ones from snapshot with the same names."
+        )
+    return service

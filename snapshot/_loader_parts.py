@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from snapshot._background import BackgroundSaver
-    from snapshot._loader_position import LivePosition
+    from snapshot._loader_position import LivePosition, Pausing
     from snapshot.graph import Graph
     from snapshot.reading_service.base import ReadingServiceInterface
 
@@ -22,13 +22,10 @@ class IteratedLoader(Protocol):
 
     valid_iterator_id: int | None
     _position: LivePosition
-    _paused: bool
-    _limit_threshold: int | None
-    _limit_counter: int | None
+    _pausing: Pausing
 
     def shutdown(self) -> None: ...
     def _end_epoch(self) -> None: ...
-    def _count_towards_limit(self) -> None: ...
     def _limit(self, num_batches: int | None) -> None: ...
     def _resume(self) -> None: ...
 

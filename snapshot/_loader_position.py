@@ -1,4 +1,5 @@
-"""Where a live ``DataLoader2`` stands: one mutable object, so rolling back is one copy.
+"""Where a live ``DataLoader2`` stands: one mutable object, so rolling back is one copy; and
+whether it is paused (torchdata 0.9's pause and limit).
 
 The saved form is :class:`snapshot.schema.SavedState` (its ``position`` a
 :class:`snapshot.schema.LoaderPosition`); the fields shared with it keep its names.
@@ -7,12 +8,13 @@ The saved form is :class:`snapshot.schema.SavedState` (its ``position`` a
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from snapshot.randomness import SeedGenerator
+from snapshot.randomness import SeedGenerator, draw_seed
 
 
 @dataclass
@@ -41,3 +43,68 @@ class LivePosition:
     def copy(self) -> LivePosition:
         """A copy to roll back to (the lookahead copied, the rest shared)."""
         return dataclasses.replace(self, lookahead=deque(self.lookahead))
+
+    def choose_generator(self, collective: Any = None) -> None:
+        """Set the seed generator of the epoch that starts, as torchdata 0.9 does: a seed from
+        ``seed()`` seeds the first epoch after the call and later epochs continue its sequence;
+        without one, each epoch draws a seed. Across ranks (``collective``) rank 0 decides, in
+        one broadcast per epoch on every rank."""
+        given = self.user_seed is not None
+        reseed = not given or self.reset_seed or self.generator is None
+        seed = self.user_seed if given else (draw_seed() if reseed else None)
+        if collective is not None:
+            reseed, seed, given = collective.broadcast((reseed, seed, given), "sharing the loader seed")
+        if reseed:
+            assert seed is not None
+            self.generator = SeedGenerator(seed)
+            self.seed, self.seed_given = seed, given
+            self.reset_seed = False
+
+    def start_epoch(self, service: Any, collective: Any = None) -> None:
+        """Begin the next epoch: choose its seed generator, start ``service``'s iteration (a
+        reading service, already initialized so that ``end`` is set) and iterate ``end``."""
+        self.choose_generator(collective)
+        assert self.generator is not None and self.end is not None
+        service.initialize_iteration(self.generator)
+        self.epoch += 1
+        self.yielded = 0
+        self.epoch_finished = False
+        self.lookahead.clear()
+        self.datapipe_iter = iter(self.end)
+
+
+@dataclass
+class Pausing:
+    """torchdata 0.9's pause and limit: the iterator stops (``StopIteration``) without ending
+    the epoch. Pausing changes nothing but the loader's willingness to yield: workers keep what
+    they prefetched, so a snapshot taken while paused is as exact as any other."""
+
+    paused: bool = False
+    threshold: int | None = None
+    counter: int | None = None
+
+    def pause(self) -> None:
+        self.paused = True
+        if self.threshold is not None:
+            self.counter = 0
+
+    def resume(self) -> None:
+        if not self.paused:
+            warnings.warn("Resume is called when `DataLoader2` is not paused. No operation is performed.",
+                          stacklevel=3)
+            return
+        self.paused = False
+
+    def limit(self, num_batches: int | None) -> None:
+        if num_batches is not None and num_batches < 0:
+            raise ValueError(f"num_batches must be >= 0 or None, got {num_batches}")
+        self.threshold = num_batches
+        self.counter = 0
+
+    def count(self) -> None:
+        """One more sample yielded: pause when the limit is reached."""
+        if self.threshold is None or self.counter is None:
+            return
+        self.counter += 1
+        if self.counter >= self.threshold:
+            self.pause()

@@ -14,8 +14,6 @@ from torch's global generator (without advancing it), and the drawn seed is save
 from __future__ import annotations
 
 import pickle
-import warnings
-from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any, Generic, Literal, TypeVar, overload
 
@@ -23,16 +21,22 @@ from torch.utils.data import IterDataPipe, MapDataPipe
 
 from snapshot import _lightning_guard, _loader_restore, _loader_save, _serialization
 from snapshot._background import BackgroundSaver
-from snapshot._loader_iterator import DataLoader2Iterator, configure_buffers, map_to_iter, not_a_datapipe
-from snapshot._loader_position import LivePosition
+from snapshot._loader_iterator import (
+    DataLoader2Iterator,
+    adapter_list,
+    checked_service,
+    configure_buffers,
+    map_to_iter,
+    not_a_datapipe,
+)
+from snapshot._loader_position import LivePosition, Pausing
 from snapshot.capture import LoaderState, Snapshot
 from snapshot.format import PathOrFile
 from snapshot.graph import Graph
 from snapshot.hooks._positions import BufferState
 from snapshot.plan import RestoreStrategy
-from snapshot.randomness import UINT64_LIMIT, SeedGenerator, draw_seed
+from snapshot.randomness import UINT64_LIMIT
 from snapshot.reading_service.base import ReadingServiceInterface
-from snapshot.reading_service.in_process import InProcessReadingService
 from snapshot.restore import restore as _restore_into
 
 __all__ = ["DataLoader2", "DataLoader2Iterator"]
@@ -83,19 +87,8 @@ class DataLoader2(Generic[T_co]):
             raise TypeError(not_a_datapipe(datapipe))
         if isinstance(datapipe, MapDataPipe):
             datapipe = map_to_iter(datapipe)
-        if datapipe_adapter_fn is None:
-            self.datapipe_adapter_fns: list[Any] | None = None
-        elif isinstance(datapipe_adapter_fn, Iterable):
-            self.datapipe_adapter_fns = list(datapipe_adapter_fn)
-        else:
-            self.datapipe_adapter_fns = [datapipe_adapter_fn]
-        service = reading_service if reading_service is not None else InProcessReadingService()
-        if not isinstance(service, ReadingServiceInterface):
-            raise TypeError(
-                f"reading_service must implement snapshot.ReadingServiceInterface, got "
-                f"{type(service).__name__}. torchdata's own reading services cannot take "
-                "snapshots; use the ones from snapshot with the same names."
-            )
+        self.datapipe_adapter_fns: list[Any] | None = adapter_list(datapipe_adapter_fn)
+        service = checked_service(reading_service)
         self._service_bytes = _serialization.dumps(service, what="reading service")
         self.reading_service: ReadingServiceInterface = _serialization.loads(self._service_bytes)
         configure_buffers(self.reading_service, self.buffer_state)
@@ -109,9 +102,7 @@ class DataLoader2(Generic[T_co]):
         #: Epoch, samples yielded, randomness (torchdata 0.9 semantics) and the running iterator.
         self._position = LivePosition()
         # torchdata 0.9's pause and limit: iteration stops without ending the epoch.
-        self._paused = False
-        self._limit_threshold: int | None = None
-        self._limit_counter: int | None = None
+        self._pausing = Pausing()
         self._saver = BackgroundSaver()
 
     def _set_graph(self, datapipe: Any, *, adapt: bool) -> None:
@@ -143,29 +134,7 @@ class DataLoader2(Generic[T_co]):
 
     def _start_epoch(self) -> None:
         self._ensure_initialized()
-        # torchdata 0.9: a seed from seed() seeds the first epoch after the call, later epochs
-        # continue its sequence; without one, each epoch draws a seed. Across ranks, rank 0
-        # decides (one broadcast per epoch on every rank).
-        pos = self._position
-        given = pos.user_seed is not None
-        reseed = not given or pos.reset_seed or pos.generator is None
-        seed = pos.user_seed if given else (draw_seed() if reseed else None)
-        collective = self._collective()
-        if collective is not None:
-            reseed, seed, given = collective.broadcast((reseed, seed, given), "sharing the loader seed")
-        if reseed:
-            assert seed is not None
-            pos.generator = SeedGenerator(seed)
-            pos.seed, pos.seed_given = seed, given
-            pos.reset_seed = False
-        assert pos.generator is not None
-        self.reading_service.initialize_iteration(pos.generator)
-        pos.epoch += 1
-        pos.yielded = 0
-        pos.epoch_finished = False
-        pos.lookahead.clear()
-        assert pos.end is not None
-        pos.datapipe_iter = iter(pos.end)
+        self._position.start_epoch(self.reading_service, self._collective())
 
     def _ensure_initialized(self) -> None:
         if self._position.end is None:
@@ -211,37 +180,18 @@ class DataLoader2(Generic[T_co]):
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         self.shutdown()
 
-    # -- torchdata 0.9's pause / resume / limit ---------------------------------------------
-    # Private in 0.9 too; its tests and some users call them. Pausing changes nothing but the
-    # loader's willingness to yield: workers keep what they prefetched, so a snapshot taken
-    # while paused is as exact as any other.
+    # -- torchdata 0.9's pause / resume / limit (private in 0.9 too; see ``Pausing``) -------
 
     def _pause(self) -> None:
         """Make the current iterator stop (``StopIteration``) until :meth:`_resume`."""
-        self._paused = True
-        if self._limit_threshold is not None:
-            self._limit_counter = 0
+        self._pausing.pause()
 
     def _resume(self) -> None:
-        if not self._paused:
-            warnings.warn("Resume is called when `DataLoader2` is not paused. No operation is performed.",
-                          stacklevel=2)
-            return
-        self._paused = False
+        self._pausing.resume()
 
     def _limit(self, num_batches: int | None) -> None:
         """Pause after ``num_batches`` more samples, then again after each ``num_batches``."""
-        if num_batches is not None and num_batches < 0:
-            raise ValueError(f"num_batches must be >= 0 or None, got {num_batches}")
-        self._limit_threshold = num_batches
-        self._limit_counter = 0
-
-    def _count_towards_limit(self) -> None:
-        if self._limit_threshold is None or self._limit_counter is None:
-            return
-        self._limit_counter += 1
-        if self._limit_counter >= self._limit_threshold:
-            self._pause()
+        self._pausing.limit(num_batches)
 
     # -- snapshots ------------------------------------------------------------------------
 

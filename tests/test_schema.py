@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import copy
 import io
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -125,12 +126,16 @@ def test_an_unknown_format_version_names_it_and_what_reads_it(version: int, mess
 
 
 def test_the_schema_imports_neither_torch_nor_dill() -> None:
-    with open(schema.__file__) as f:
-        tree = ast.parse(f.read())
-    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert imported <= {"__future__", "re", "collections.abc", "dataclasses", "typing", "snapshot._version",
-                        "snapshot.errors"}, imported
+    modules = sorted(Path(schema.__file__).parent.glob("*.py"))
+    assert len(modules) > 1, modules
+    imported = set()
+    for module in modules:
+        tree = ast.parse(module.read_text())
+        imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    outside = {name for name in imported if not name.startswith("snapshot.schema")}
+    assert outside <= {"__future__", "re", "collections.abc", "dataclasses", "typing", "snapshot._version",
+                       "snapshot.errors"}, outside
 
 
 # -- the structural fuzz ----------------------------------------------------------------------

@@ -1,0 +1,90 @@
+"""The snapshot's schema, version 1: every record a snapshot holds, typed, and validated on read.
+
+A manifest is JSON written by anyone (another version, another tool, a person): its checksum
+proves only that it was not damaged since it was written. So every record is read through one
+constructor, ``Record.from_dict(value)``, which checks structure, types and ranges before
+anything uses it and raises :class:`~snapshot.errors.ManifestError` naming the field path and
+what was expected (``graph.nodes[3].path: expected a string, got 5``). Writing goes through
+the same types: ``record.to_dict()`` gives the JSON-able dict, and
+``Record.from_dict(record.to_dict()) == record``. Fields that this version does not know are
+kept in ``extra`` and written back, so a file from a newer writer of the same format
+round-trips.
+
+::
+
+    Manifest                          the JSON manifest of a snapshot file (format 1)
+    ├── versions: {package: version}
+    ├── loader: LoaderPosition        epoch, samples yielded in it, epoch_finished, lookahead
+    ├── randomness: Randomness        the seed, where it came from, fingerprints of node seeds
+    ├── graph: GraphDesc              fingerprint, included?, nodes
+    │   └── nodes: [NodeDesc]         path, type, args (reprs), fingerprint, inputs (paths)
+    ├── service: ServiceLayout        the reading service's name, shards, workers, ranks
+    │   └── owners: {shard: Owner}    the worker (and rank) that runs each logical shard
+    ├── shards: [ShardPosition|None]  per logical shard (None: run by another rank)
+    │   ├── plan: PlanSummary         drivers ([Driver]) and why each node replays
+    │   └── nodes: {path: NodePosition}
+    ├── upstream: [UpstreamPosition]  per copy of the graph above the sharding point
+    │   ├── routers: {path: RouterPosition}
+    │   └── nodes: {path: NodePosition}
+    ├── verify: VerifyRecord | None   fingerprints of the samples after the snapshot
+    ├── payload: PayloadRecord | None size, sha256, size of each part
+    ├── ranks: [RankPosition]         directory index only: each rank's LoaderPosition
+    └── parts: [PartRecord]           directory index only: each rank's file, size, sha256
+
+    SavedState                        the loader's state inside the (pickled) payload
+    └── service: ServiceState         the reading service's checkpoint ({} before epoch 0)
+        └── shards: [dict | None]     per logical shard: its service's record (nodes, plan, ...)
+
+Two ideas that look alike: in the payload a shard record says ``exhausted`` when the shard's
+graph has produced its last sample, and ``finished`` when the loader has also taken that
+sample (nothing in flight). The manifest shows only the second, as ``shards[i].exhausted``
+(:func:`shard_finished` reads it from a record; names kept for compatibility with files
+already written).
+
+The package imports neither torch nor dill: the command line uses it to inspect files. Its modules:
+:mod:`~snapshot.schema._fields` (constants and the field readers), :mod:`~snapshot.schema.layout`
+(what ran), :mod:`~snapshot.schema.positions` (where each part stood) and
+:mod:`~snapshot.schema.manifest` (the manifest and a directory's index).
+"""
+
+from snapshot.schema._fields import FORMAT_VERSION, check_format
+from snapshot.schema.layout import GraphDesc, LoaderPosition, NodeDesc, Owner, Randomness, RankPosition, ServiceLayout
+from snapshot.schema.manifest import Manifest, PartRecord, PayloadRecord, part_name
+from snapshot.schema.positions import (
+    Driver,
+    NodePosition,
+    PlanSummary,
+    RouterPosition,
+    SavedState,
+    ServiceState,
+    ShardPosition,
+    UpstreamPosition,
+    VerifyRecord,
+    shard_finished,
+)
+
+__all__ = [
+    "FORMAT_VERSION",
+    "Driver",
+    "GraphDesc",
+    "LoaderPosition",
+    "Manifest",
+    "NodeDesc",
+    "NodePosition",
+    "Owner",
+    "PartRecord",
+    "PayloadRecord",
+    "PlanSummary",
+    "RankPosition",
+    "Randomness",
+    "RouterPosition",
+    "SavedState",
+    "ServiceLayout",
+    "ServiceState",
+    "ShardPosition",
+    "UpstreamPosition",
+    "VerifyRecord",
+    "check_format",
+    "part_name",
+    "shard_finished",
+]

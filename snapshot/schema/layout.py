@@ -1,0 +1,234 @@
+"""What ran: the graph's description, the loader's position and randomness, and the reading
+service's layout (shards, workers, ranks)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from snapshot.schema._fields import (
+    SEED_SOURCES,
+    T,
+    _bool,
+    _choice,
+    _fail,
+    _Fields,
+    _int,
+    _key,
+    _object,
+    _records,
+    _str,
+    _texts,
+)
+
+
+@dataclass(frozen=True)
+class NodeDesc:
+    """One node of the saved graph: its path from the sink, its type, its arguments' reprs."""
+
+    path: str
+    type: str
+    args: dict[str, str]
+    fingerprint: str
+    inputs: tuple[str, ...]
+
+    @classmethod
+    def from_dict(cls, value: Any, where: str = "node") -> NodeDesc:
+        f = _Fields(value, where)
+        return cls(path=f.required("path", _str), type=f.required("type", _str),
+                   args=f.get("args", _texts, {}), fingerprint=f.get("fingerprint", _str, ""),
+                   inputs=f.get("inputs", lambda v, w: _records(v, w, _str), ()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "type": self.type, "args": dict(self.args),
+                "fingerprint": self.fingerprint, "inputs": list(self.inputs)}
+
+    @property
+    def short_type(self) -> str:
+        return self.type.rsplit(".", 1)[-1]
+
+    def signature(self, *, skip_none: bool = False, width: int = 0, limit: int = 0) -> str:
+        """``Type(arg=value, ...)``; ``skip_none`` drops ``None`` arguments, ``width`` shortens
+        each value and ``limit`` the whole text (``…`` marks a cut)."""
+        parts = []
+        for key, value in self.args.items():
+            if skip_none and value == "None":
+                continue
+            if width and len(value) > width:
+                value = value[: width - 1] + "…"
+            parts.append(f"{key}={value}")
+        text = f"{self.short_type}({', '.join(parts)})"
+        if limit and len(text) > limit:
+            text = text[: limit - 2] + "…)"
+        return text
+
+
+@dataclass(frozen=True)
+class GraphDesc:
+    """The saved graph as a tree of node paths (nothing unpickled)."""
+
+    fingerprint: str
+    included: bool
+    nodes: tuple[NodeDesc, ...]
+
+    @classmethod
+    def from_dict(cls, value: Any, where: str = "graph") -> GraphDesc:
+        f = _Fields(value, where)
+        nodes = f.required("nodes", lambda v, w: _records(v, w, NodeDesc.from_dict))
+        seen: set[str] = set()
+        for i, node in enumerate(nodes):
+            if node.path in seen:
+                raise _fail(f"{where}.nodes[{i}].path", "a path no other node has", node.path)
+            seen.add(node.path)
+        for i, node in enumerate(nodes):
+            for j, path in enumerate(node.inputs):
+                if path not in seen:
+                    raise _fail(f"{where}.nodes[{i}].inputs[{j}]", "the path of a node of the graph", path)
+        return cls(fingerprint=f.get("fingerprint", _str, ""), included=f.get("included", _bool, False),
+                   nodes=nodes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fingerprint": self.fingerprint, "included": self.included,
+                "nodes": [node.to_dict() for node in self.nodes]}
+
+    def paths(self) -> set[str]:
+        return {node.path for node in self.nodes}
+
+
+# -- positions --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LoaderPosition:
+    """Where the loader stands: ``epoch`` (-1 before the first), samples ``yielded`` in it."""
+
+    epoch: int
+    yielded: int
+    epoch_finished: bool
+    lookahead: int = 0
+
+    @classmethod
+    def from_dict(cls, value: Any, where: str = "loader") -> LoaderPosition:
+        f = _Fields(value, where)
+        return cls(epoch=f.required("epoch", lambda v, w: _int(v, w, minimum=-1)),
+                   yielded=f.required("yielded", _int),
+                   epoch_finished=f.required("epoch_finished", _bool),
+                   lookahead=f.get("lookahead", _int, 0))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "yielded": self.yielded, "epoch_finished": self.epoch_finished,
+                "lookahead": self.lookahead}
+
+
+@dataclass(frozen=True)
+class RankPosition:
+    """One rank's loader position, in a distributed snapshot's manifest."""
+
+    rank: int
+    position: LoaderPosition
+
+    @classmethod
+    def from_dict(cls, value: Any, where: str = "rank") -> RankPosition:
+        rank = _int(_object(value, where).get("rank"), _key(where, "rank"))
+        fields = {key: item for key, item in value.items() if key != "rank"}
+        return cls(rank, LoaderPosition.from_dict(fields, where))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, **self.position.to_dict()}
+
+
+@dataclass(frozen=True)
+class Randomness:
+    """The loader's seed, where it came from (``user``, ``drawn``), fingerprints of node seeds."""
+
+    seed: int | None = None
+    seed_source: str | None = None
+    node_seeds: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, value: Any, where: str = "randomness") -> Randomness:
+        f = _Fields(value, where)
+        return cls(seed=f.get("seed", lambda v, w: _int(v, w, minimum=None), None),
+                   seed_source=f.get("seed_source", lambda v, w: _choice(v, w, SEED_SOURCES), None),
+                   node_seeds=f.get("node_seeds", _texts, {}))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "seed_source": self.seed_source, "node_seeds": dict(self.node_seeds)}
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The worker (and, in a distributed run, the rank) that runs a logical shard."""
+
+    worker: int
+    rank: int | None = None
+
+    @classmethod
+    def from_dict(cls, value: Any, where: str = "owner") -> Owner:
+        if isinstance(value, dict):
+            f = _Fields(value, where)
+            return cls(worker=f.required("worker", _int), rank=f.required("rank", _int))
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise _fail(where, "a worker index or an object {rank, worker}", value)
+        return cls(worker=value)
+
+    def to_dict(self) -> int | dict[str, int]:
+        return self.worker if self.rank is None else {"rank": self.rank, "worker": self.worker}
+
+
+def _shard_keys(value: Any, where: str, read: Callable[[Any, str], T]) -> dict[str, T]:
+    out = {}
+    for key, item in _object(value, where).items():
+        if not key.isdigit():
+            raise _fail(where, "an object keyed by logical shard numbers", key)
+        out[key] = read(item, f"{where}[{key!r}]")
+    return out
+
+
+def _owners(value: Any, where: str) -> dict[str, Owner]:
+    if isinstance(value, list):  # written before 0.1: the worker of each logical shard, in order
+        return {str(shard): Owner.from_dict(worker, f"{where}[{shard}]") for shard, worker in enumerate(value)}
+    return _shard_keys(value, where, Owner.from_dict)
+
+
+@dataclass(frozen=True)
+class ServiceLayout:
+    """The reading service: its class name, logical shards, workers, ranks and shard owners."""
+
+    name: str
+    logical_shards: int | None = None
+    workers: int | None = None
+    ranks: int | None = None
+    rank: int | None = None
+    owners: dict[str, Owner] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, value: Any, where: str = "service") -> ServiceLayout:
+        f = _Fields(value, where)
+        layout = cls(name=f.get("name", _str, "?"),
+                     logical_shards=f.get("logical_shards", lambda v, w: _int(v, w, minimum=1), None),
+                     workers=f.get("workers", _int, None),
+                     ranks=f.get("ranks", lambda v, w: _int(v, w, minimum=1), None),
+                     rank=f.get("rank", _int, None),
+                     owners=f.get("owners", _owners, {}),
+                     extra=f.extra())
+        if layout.logical_shards is not None:
+            for key in layout.owners:
+                if int(key) >= layout.logical_shards:
+                    raise _fail(f"{where}.owners", f"logical shards below {layout.logical_shards}", key)
+        return layout
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name}
+        for key in ("logical_shards", "workers", "ranks", "rank"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.owners:
+            out["owners"] = {key: owner.to_dict() for key, owner in self.owners.items()}
+        return {**out, **self.extra}
+
+    @property
+    def layout(self) -> dict[str, Any]:
+        """Every field but the name, as written."""
+        return {key: value for key, value in self.to_dict().items() if key != "name"}

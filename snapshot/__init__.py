@@ -63,7 +63,7 @@ _LAZY = {
     "DataLoader2": "snapshot.dataloader2",
     "DataLoader2Iterator": "snapshot.dataloader2",
     "DistributedReadingService": "snapshot.reading_service.distributed",
-    "GlobalRNG": "snapshot.reading_service._engine",
+    "GlobalRNG": "snapshot.reading_service._rng",
     "InProcessReadingService": "snapshot.reading_service.in_process",
     "MultiProcessingReadingService": "snapshot.reading_service.multiprocessing",
     "ReadingServiceInterface": "snapshot.reading_service.base",
@@ -77,7 +77,7 @@ if TYPE_CHECKING:
     from snapshot.dataloader2 import DataLoader2, DataLoader2Iterator
     from snapshot.hooks import register_state_hook
     from snapshot.randomness import SeedGenerator
-    from snapshot.reading_service._engine import GlobalRNG
+    from snapshot.reading_service._rng import GlobalRNG
     from snapshot.reading_service.base import ReadingServiceInterface
     from snapshot.reading_service.distributed import DistributedReadingService
     from snapshot.reading_service.in_process import InProcessReadingService

@@ -1,6 +1,6 @@
 """Reading services: where a DataLoader2's graph runs, and how its position is saved."""
 
-from snapshot.reading_service._engine import GlobalRNG
+from snapshot.reading_service._rng import GlobalRNG
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceState
 from snapshot.reading_service.distributed import DistributedReadingService
 from snapshot.reading_service.in_process import InProcessReadingService

@@ -3,7 +3,7 @@
 The part of the graph above a dispatcher is non-replicable: it runs once, here in the
 process that drives the workers, and its samples are dealt to the logical shards by index
 (sample i to shard i % L, as a ``sharding_filter`` would). A worker asks for a shard's next
-samples when it has none left (see :class:`~snapshot.reading_service._engine.RemoteRouter`),
+samples when it has none left (see :class:`~snapshot.reading_service._routing.RemoteRouter`),
 and says how many that shard has read so far.
 
 A snapshot of this part holds its node states, the dealing position, and per shard the
@@ -24,19 +24,10 @@ from snapshot.execution import Run, capture_persistent
 from snapshot.graph import Graph
 from snapshot.plan import RestoreStrategy
 from snapshot.randomness import EpochSeeds
-from snapshot.reading_service._engine import (
-    GlobalRNG,
-    Router,
-    parts,
-    plain_rng,
-    raw_from_plain,
-    raw_rng,
-    recombine,
-    restore_plans,
-    seeded_rng,
-    set_raw_rng,
-    start_upstream,
-)
+from snapshot.reading_service._engine import restore_plans, start_upstream
+from snapshot.reading_service._recombine import parts, recombine
+from snapshot.reading_service._rng import GlobalRNG, plain_rng, raw_from_plain, raw_rng, seeded_rng, set_raw_rng
+from snapshot.reading_service._routing import Router
 from snapshot.sharding import Topology
 
 __all__ = ["DispatchFailed", "Dispatcher"]

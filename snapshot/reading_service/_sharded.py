@@ -19,15 +19,10 @@ from snapshot.errors import ShardingError
 from snapshot.graph import Graph
 from snapshot.plan import RestoreStrategy
 from snapshot.randomness import EpochSeeds, SeedGenerator, epoch_seeds
-from snapshot.reading_service._engine import (
-    GlobalRNG,
-    RoundRobin,
-    ShardEngine,
-    merge_state_for,
-    parts,
-    recombine,
-    service_state,
-)
+from snapshot.reading_service._engine import ShardEngine
+from snapshot.reading_service._merge import RoundRobin, merge_state_for, service_state
+from snapshot.reading_service._recombine import parts, recombine
+from snapshot.reading_service._rng import GlobalRNG
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceState
 from snapshot.sharding import Topology, WorkerInfo, analyze
 

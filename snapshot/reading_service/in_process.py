@@ -9,7 +9,7 @@ from typing import Any
 from snapshot import _serialization
 from snapshot.graph import Graph
 from snapshot.randomness import SeedGenerator
-from snapshot.reading_service._engine import GlobalRNG
+from snapshot.reading_service._rng import GlobalRNG
 from snapshot.reading_service._sharded import Executor, LocalExecutor, ShardedService, resolve_logical_shards
 from snapshot.sharding import Topology, WorkerInfo
 

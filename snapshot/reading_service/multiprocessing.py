@@ -37,7 +37,8 @@ from snapshot.graph import Graph
 from snapshot.plan import RestoreStrategy
 from snapshot.randomness import EpochSeeds
 from snapshot.reading_service._dispatch import Dispatcher, DispatchFailed
-from snapshot.reading_service._engine import GlobalRNG, parts, recombine
+from snapshot.reading_service._recombine import parts, recombine
+from snapshot.reading_service._rng import GlobalRNG
 from snapshot.reading_service._sharded import Executor, LocalExecutor, ShardedService
 from snapshot.reading_service._worker import run_worker
 from snapshot.reading_service.base import ServiceState

@@ -1,0 +1,108 @@
+"""Merging the logical shards into the loader's stream in a fixed order (0, 1, ..., L-1, 0, ...,
+skipping exhausted shards), so the stream depends on the seed and L only; and the checkpoint
+that every sharded service returns."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from snapshot.randomness import EpochSeeds
+
+__all__ = ["RoundRobin", "merge_state_for", "owners", "service_state"]
+
+
+class RoundRobin(Iterator[Any]):
+    """Merges logical shards into one stream: each owned shard in turn, skipping exhausted ones.
+
+    ``fetch(shard)`` produces a shard's next sample (raising ``StopIteration`` at its end);
+    samples already produced but not yet yielded (``in_flight``) are served first.
+    """
+
+    def __init__(self, shards: Sequence[int], fetch: Callable[[int], Any]):
+        self.shards = list(shards)
+        self.fetch = fetch
+        self.turn = 0
+        self.exhausted: set[int] = set()
+        self.consumed = {s: 0 for s in self.shards}
+        self.in_flight: dict[int, deque[Any]] = {s: deque() for s in self.shards}
+
+    def __iter__(self) -> RoundRobin:
+        return self
+
+    def __next__(self) -> Any:
+        shards = self.shards
+        while len(self.exhausted) < len(shards):
+            shard = shards[self.turn]
+            self.turn = (self.turn + 1) % len(shards)
+            if shard in self.exhausted:
+                continue
+            waiting = self.in_flight[shard]
+            if waiting:
+                item = waiting.popleft()
+            else:
+                try:
+                    item = self.fetch(shard)
+                except StopIteration:
+                    self.exhausted.add(shard)
+                    continue
+            self.consumed[shard] += 1
+            return item
+        raise StopIteration
+
+    def state(self) -> dict[str, Any]:
+        return {"shards": list(self.shards), "turn": self.turn, "exhausted": sorted(self.exhausted),
+                "consumed": dict(self.consumed)}
+
+    def load(self, state: Mapping[str, Any], shards: Sequence[Mapping[str, Any] | None]) -> None:
+        """Continue from ``state`` (see :func:`merge_state_for`); ``shards`` are the saved records."""
+        self.turn = int(state["turn"])
+        self.exhausted = {int(s) for s in state["exhausted"]}
+        self.consumed = {int(s): int(n) for s, n in state["consumed"].items()}
+        for shard in self.shards:
+            record = shards[shard]
+            self.in_flight[shard] = deque(record["in_flight"] if record is not None else [])
+
+
+def merge_state_for(state: Mapping[str, Any], shards: Sequence[int]) -> dict[str, Any]:
+    """The merge position for ``shards``: the saved one if the same shards were merged
+    together, else one derived from the shard records (for a restore onto another layout)."""
+    candidates = [state.get("merge")] + [rank.get("merge") for rank in state.get("ranks", [])]
+    for merge in candidates:
+        if merge is not None and [int(s) for s in merge["shards"]] == list(shards):
+            return dict(merge)
+    records = state["shards"]
+    return {"shards": list(shards), "turn": 0,
+            "exhausted": [s for s in shards if records[s] is not None and records[s].get("finished")],
+            "consumed": {s: int(records[s]["yielded"]) if records[s] is not None else 0 for s in shards}}
+
+
+def owners(count: int, workers: int) -> list[int]:
+    """Which worker owns each logical shard (shard s -> worker s % workers)."""
+    return [shard % max(workers, 1) for shard in range(count)]
+
+
+def service_state(name: str, layout: Mapping[str, Any], seeds: EpochSeeds, merge: RoundRobin,
+                  engines: Sequence[Mapping[str, Any]], count: int) -> dict[str, Any]:
+    """The checkpoint every sharded service returns (see ``ServiceState``).
+
+    ``shards`` has one record per logical shard (``None`` for shards this process does not
+    own, which a distributed snapshot fills in from the other ranks).
+    """
+    shards: list[dict[str, Any] | None] = [None] * count
+    upstream = []
+    for engine in engines:
+        if engine["upstream"] is not None:
+            upstream.append(engine["upstream"])
+        for shard, record in engine["shards"].items():
+            shards[int(shard)] = dict(record)
+    for shard in merge.shards:
+        record = shards[shard]
+        assert record is not None
+        record["shard"] = shard
+        record["yielded"] = merge.consumed[shard]
+        record["in_flight"] = list(merge.in_flight[shard])
+        record["finished"] = shard in merge.exhausted
+    return {"service": name, "layout": dict(layout), "seeds": seeds.state(), "merge": merge.state(),
+            "upstream": upstream, "shards": shards}

@@ -31,6 +31,7 @@ import os
 import pickle
 import traceback
 from collections import deque
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -97,29 +98,52 @@ def run_worker(requests: Connection, results: Connection, setup: bytes, parent: 
 
 
 def _serve(requests: Connection, sender: transport.Sender, setup: bytes, parent: int) -> None:
+    config = _serialization.loads(setup, what="worker set-up")
+    server = _Server(requests, sender.send, parent)
+    try:
+        server.engine = _make_engine(config, server.fetch)
+    except BaseException as exc:  # noqa: BLE001 - reported to the main process, which raises it
+        sender.send(("fatal", describe_error(exc)))
+        return
+    server.run()
+
+
+def _make_engine(config: dict[str, Any], fetch: Any) -> Any:
     from snapshot.graph import Graph
-    from snapshot.plan import RestoreStrategy
-    from snapshot.randomness import EpochSeeds
     from snapshot.reading_service._engine import ShardEngine
     from snapshot.sharding import analyze
 
-    _send = sender.send
-    config = _serialization.loads(setup, what="worker set-up")
     template = config["graph"]
     graph = Graph(_serialization.loads_graph(template))
-    epoch = None
-    pending: deque[tuple[Any, ...]] = deque()
+    return ShardEngine(graph, lambda: _serialization.loads_graph(template),
+                       analyze(graph).for_shards(config["count"]), config["count"],
+                       config["shards"], worker=config["worker"], init_fn=config["init_fn"],
+                       global_rng=config["global_rng"], protect_caller_rng=False, remote=fetch,
+                       buffer_state=config.get("buffer_state", "values"))
 
-    def fetch(router: str, shard: int, read: int) -> tuple[list[Any], bool]:
-        tag = epoch
-        _send(("need", tag, router, shard, read))
+
+class _Server:
+    """A worker's loop: the main process's requests, answered in order (see the module's table)."""
+
+    def __init__(self, requests: Connection, send: Callable[[tuple[Any, ...]], None], parent: int):
+        self.requests = requests
+        self.send = send
+        self.parent = parent
+        self.engine: Any = None
+        self.epoch: Any = None
+        self.pending: deque[tuple[Any, ...]] = deque()
+
+    def fetch(self, router: str, shard: int, read: int) -> tuple[list[Any], bool]:
+        """Samples of the part above dispatcher ``router`` for ``shard``, from the main process."""
+        tag = self.epoch
+        self.send(("need", tag, router, shard, read))
         while True:
-            if not requests.poll(1.0):
-                if not _alive(parent):
+            if not self.requests.poll(1.0):
+                if not _alive(self.parent):
                     raise _Abandoned
                 continue
             try:
-                message = pickle.loads(requests.recv_bytes())
+                message = pickle.loads(self.requests.recv_bytes())
             except EOFError:
                 raise _Abandoned from None
             if message[0] == "feed" and message[1] == tag and message[2] == router and message[3] == shard:
@@ -128,79 +152,87 @@ def _serve(requests: Connection, sender: transport.Sender, setup: bytes, parent:
                 return message[4], message[5]
             if message[0] == "feed":
                 continue  # for an abandoned epoch
-            pending.append(message)
+            self.pending.append(message)
             if message[0] in ("start", "restore", "stop"):
                 raise _Abandoned
 
-    try:
-        engine = ShardEngine(graph, lambda: _serialization.loads_graph(template),
-                             analyze(graph).for_shards(config["count"]), config["count"],
-                             config["shards"], worker=config["worker"], init_fn=config["init_fn"],
-                             global_rng=config["global_rng"], protect_caller_rng=False, remote=fetch,
-                             buffer_state=config.get("buffer_state", "values"))
-    except BaseException as exc:  # noqa: BLE001 - reported to the main process, which raises it
-        _send(("fatal", describe_error(exc)))
-        return
-    while True:
-        if not pending and not requests.poll(1.0):
-            if not _alive(parent):  # the main process is gone
-                return
-            continue
-        try:
-            while requests.poll(0):
-                pending.append(pickle.loads(requests.recv_bytes()))
-        except EOFError:
-            return
-        message = _next_message(pending)
-        kind = message[0]
-        if kind == "next":
-            _, tag, shard = message
-            if tag != epoch:
-                continue
-            try:
-                item = engine.next(shard)
-            except StopIteration:
-                _send(("end", tag, shard))
-                continue
-            except _Abandoned:
-                if not pending or not _alive(parent):
+    def run(self) -> None:
+        while True:
+            if not self.pending and not self.requests.poll(1.0):
+                if not _alive(self.parent):  # the main process is gone
                     return
-                epoch = None  # the epoch was abandoned: drop its remaining requests
-                continue
-            except BaseException as exc:  # noqa: BLE001 - sent to the main process
-                _send(("error", tag, shard, describe_error(exc)))
                 continue
             try:
-                _send(("item", tag, shard, item))
-            except (pickle.PicklingError, TypeError, AttributeError) as exc:
-                error = TypeError(f"a sample of logical shard {shard} cannot be pickled to send it to the main "
-                                  f"process: {type(exc).__name__}: {exc}")
-                _send(("error", tag, shard, describe_error(error)))
-        elif kind in ("start", "restore"):
-            tag = epoch = message[1]  # a restore may already need the dispatcher's samples
-            try:
-                seeds = EpochSeeds.from_state(message[2])
-                if kind == "start":
-                    engine.start(seeds)
-                else:
-                    state = _serialization.loads(message[3], what="restore state")
-                    engine.start(seeds, state, RestoreStrategy.parse(message[4]))
-            except BaseException as exc:  # noqa: BLE001 - a failed restore is the main process's error
-                epoch = None
-                _send(("failed", tag, describe_error(exc)))
-                continue
-            epoch = tag
-            _send(("ready", tag))
-        elif kind == "capture":
-            try:
-                state = _serialization.dumps(engine.capture(), what="worker state")
-            except BaseException as exc:  # noqa: BLE001
-                _send(("failed", message[1], describe_error(exc)))
-                continue
-            _send(("state", message[1], state))
-        elif kind == "stop":
-            engine.close()
+                while self.requests.poll(0):
+                    self.pending.append(pickle.loads(self.requests.recv_bytes()))
+            except EOFError:
+                return
+            message = _next_message(self.pending)
+            kind = message[0]
+            if kind == "next":
+                if not self._next(message):
+                    return
+            elif kind in ("start", "restore"):
+                self._start(message)
+            elif kind == "capture":
+                self._capture(message[1])
+            elif kind == "stop":
+                self.engine.close()
+                return
+
+    def _next(self, message: tuple[Any, ...]) -> bool:
+        """Produce one sample of a shard and send it; ``False`` when the worker should exit."""
+        _, tag, shard = message
+        if tag != self.epoch:
+            return True
+        try:
+            item = self.engine.next(shard)
+        except StopIteration:
+            self.send(("end", tag, shard))
+            return True
+        except _Abandoned:
+            if not self.pending or not _alive(self.parent):
+                return False
+            self.epoch = None  # the epoch was abandoned: drop its remaining requests
+            return True
+        except BaseException as exc:  # noqa: BLE001 - sent to the main process
+            self.send(("error", tag, shard, describe_error(exc)))
+            return True
+        try:
+            self.send(("item", tag, shard, item))
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            error = TypeError(f"a sample of logical shard {shard} cannot be pickled to send it to the main "
+                              f"process: {type(exc).__name__}: {exc}")
+            self.send(("error", tag, shard, describe_error(error)))
+        return True
+
+    def _start(self, message: tuple[Any, ...]) -> None:
+        from snapshot.plan import RestoreStrategy
+        from snapshot.randomness import EpochSeeds
+
+        kind, tag = message[0], message[1]
+        self.epoch = tag  # a restore may already need the dispatcher's samples
+        try:
+            seeds = EpochSeeds.from_state(message[2])
+            if kind == "start":
+                self.engine.start(seeds)
+            else:
+                state = _serialization.loads(message[3], what="restore state")
+                self.engine.start(seeds, state, RestoreStrategy.parse(message[4]))
+        except BaseException as exc:  # noqa: BLE001 - a failed restore is the main process's error
+            self.epoch = None
+            self.send(("failed", tag, describe_error(exc)))
             return
+        self.epoch = tag
+        self.send(("ready", tag))
+
+    def _capture(self, tag: Any) -> None:
+        try:
+            state = _serialization.dumps(self.engine.capture(), what="worker state")
+        except BaseException as exc:  # noqa: BLE001
+            self.send(("failed", tag, describe_error(exc)))
+            return
+        self.send(("state", tag, state))
 
 
 class _Abandoned(BaseException):

@@ -1,7 +1,7 @@
 """Registers the built-in hook tables: torch's pipes now, torchdata 0.9's on first use.
 
 The tables live beside their iterators (:mod:`snapshot.hooks.builtin` and its
-:mod:`~snapshot.hooks.builtin.torchdata` module); this module is the only one that imports
+:mod:`~snapshot.hooks.builtin.torchdata_pipes` package); this module is the only one that imports
 both them and the registry, so neither imports the other.
 """
 
@@ -25,7 +25,7 @@ def _register(hooks: Mapping[type, type[ResumableIterator]],
 
 
 def _torchdata() -> None:
-    from snapshot.hooks.builtin import torchdata
+    from snapshot.hooks.builtin import torchdata_pipes as torchdata
 
     _register(torchdata.TORCHDATA_HOOKS, torchdata.REFUSALS)
 

@@ -1,0 +1,94 @@
+"""State hooks for torchdata 0.9's most used DataPipes (loaded when one is first seen):
+the table of hooks and refusals. The iterators live in this package's modules, one per kind
+of pipe; ``SampleMultiplexer``'s in :mod:`snapshot.hooks.builtin.sampling`.
+
+Covered: ``header``, ``cycle``, ``repeat``, ``enumerate``, ``add_index``,
+``in_memory_cache``, ``to_iter_datapipe``, ``flatmap``, ``map_batches``, ``readlines``,
+``in_batch_shuffle``, ``prefetch`` (run synchronously: same samples, no thread),
+``mux_longest``, ``zip_longest``, ``unzip`` and ``SampleMultiplexer``.
+Other torchdata pipes are replayed; ``random_split(seed=None)`` is refused.
+"""
+
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torchdata.datapipes.iter import (
+    BatchMapper,
+    Cycler,
+    Enumerator,
+    FlatMapper,
+    Header,
+    InBatchShuffler,
+    IndexAdder,
+    InMemoryCacheHolder,
+    LineReader,
+    MultiplexerLongest,
+    Prefetcher,
+    Repeater,
+    SampleMultiplexer,
+    ZipperLongest,
+)
+from torchdata.datapipes.iter.util.combining import _UnZipperIterDataPipe
+from torchdata.datapipes.iter.util.randomsplitter import _RandomSplitterIterDataPipe
+from torchdata.datapipes.map.util.converter import MapToIterConverterIterDataPipe
+
+from snapshot.hooks._base import ResumableIterator
+from snapshot.hooks.builtin.sampling import SampleMultiplexerIterator
+from snapshot.hooks.builtin.torchdata_pipes.combining import (
+    MultiplexerLongestIterator,
+    UnZipperContainer,
+    ZipperLongestIterator,
+)
+from snapshot.hooks.builtin.torchdata_pipes.counting import (
+    CyclerIterator,
+    EnumeratorIterator,
+    HeaderIterator,
+    IndexAdderIterator,
+    MapToIterIterator,
+    RepeaterIterator,
+)
+from snapshot.hooks.builtin.torchdata_pipes.reading import InMemoryCacheIterator, LineReaderIterator
+from snapshot.hooks.builtin.torchdata_pipes.reshaping import (
+    BatchMapperIterator,
+    FlatMapperIterator,
+    InBatchShufflerIterator,
+    PrefetcherIterator,
+)
+
+__all__ = ["REFUSALS", "TORCHDATA_HOOKS"]
+
+
+TORCHDATA_HOOKS: dict[type, type[ResumableIterator]] = {
+    Header: HeaderIterator,
+    Cycler: CyclerIterator,
+    Repeater: RepeaterIterator,
+    Enumerator: EnumeratorIterator,
+    IndexAdder: IndexAdderIterator,
+    MapToIterConverterIterDataPipe: MapToIterIterator,
+    FlatMapper: FlatMapperIterator,
+    BatchMapper: BatchMapperIterator,
+    LineReader: LineReaderIterator,
+    InBatchShuffler: InBatchShufflerIterator,
+    Prefetcher: PrefetcherIterator,
+    MultiplexerLongest: MultiplexerLongestIterator,
+    ZipperLongest: ZipperLongestIterator,
+    InMemoryCacheHolder: InMemoryCacheIterator,
+    SampleMultiplexer: SampleMultiplexerIterator,
+    _UnZipperIterDataPipe: UnZipperContainer,
+}
+
+def _unseeded_split(datapipe: Any) -> str | None:
+    if datapipe._seed is not None:
+        return None  # reseeded from ``seed`` at every epoch: a replay draws the same split
+    return ("random_split(seed=None) draws a new split every epoch from the operating system, so "
+            "no replay can draw it again; pass seed=... (and override_seed(...) per epoch if you "
+            "want a new split each epoch)")
+
+
+#: Per class: why an instance cannot be snapshotted (or ``None``), and which instances that is.
+REFUSALS: dict[type, tuple[Callable[[Any], str | None], str]] = {
+    _RandomSplitterIterDataPipe: (_unseeded_split, "seed=None"),
+}

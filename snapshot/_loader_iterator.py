@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from snapshot import _serialization
 from snapshot.hooks._positions import BufferState
 from snapshot.reading_service.base import ReadingServiceInterface
 
@@ -148,6 +149,16 @@ def adapter_list(datapipe_adapter_fn: Any) -> list[Any] | None:
     if isinstance(datapipe_adapter_fn, Iterable):
         return list(datapipe_adapter_fn)
     return [datapipe_adapter_fn]
+
+
+def adapted_copy(datapipe: Any, adapter_fns: list[Any] | None) -> tuple[Any, bytes]:
+    """A private copy of ``datapipe`` with the adapters applied, and its pickle."""
+    datapipe, data = _serialization.clone(datapipe)
+    if adapter_fns is not None:
+        for adapter_fn in adapter_fns:
+            datapipe = adapter_fn(datapipe)
+        data = _serialization.dumps_graph(datapipe)
+    return datapipe, data
 
 
 def checked_service(service: Any) -> ReadingServiceInterface:

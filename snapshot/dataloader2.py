@@ -23,6 +23,7 @@ from snapshot import _lightning_guard, _loader_restore, _loader_save, _serializa
 from snapshot._background import BackgroundSaver
 from snapshot._loader_iterator import (
     DataLoader2Iterator,
+    adapted_copy,
     adapter_list,
     checked_service,
     configure_buffers,
@@ -95,8 +96,9 @@ class DataLoader2(Generic[T_co]):
         self.datapipe: Any = None
         self._graph: Graph | None = None
         self._graph_bytes: bytes | None = None
-        if datapipe is not None:
-            self._set_graph(datapipe, adapt=True)
+        if datapipe is not None:  # a private, adapted copy; its pickle kept for snapshots
+            datapipe, data = adapted_copy(datapipe, self.datapipe_adapter_fns)
+            self._set_graph_bytes(data, datapipe)
         self._terminated = False
         self.valid_iterator_id: int | None = None
         #: Epoch, samples yielded, randomness (torchdata 0.9 semantics) and the running iterator.
@@ -104,15 +106,6 @@ class DataLoader2(Generic[T_co]):
         # torchdata 0.9's pause and limit: iteration stops without ending the epoch.
         self._pausing = Pausing()
         self._saver = BackgroundSaver()
-
-    def _set_graph(self, datapipe: Any, *, adapt: bool) -> None:
-        """Work on a private copy of ``datapipe``; keep its pickle for snapshots."""
-        datapipe, data = _serialization.clone(datapipe)
-        if adapt and self.datapipe_adapter_fns is not None:
-            for adapter_fn in self.datapipe_adapter_fns:
-                datapipe = adapter_fn(datapipe)
-            data = _serialization.dumps_graph(datapipe)
-        self._set_graph_bytes(data, datapipe)
 
     def _set_graph_bytes(self, data: bytes, datapipe: Any = None) -> None:
         self._graph_bytes = data
@@ -199,18 +192,11 @@ class DataLoader2(Generic[T_co]):
         return _loader_save.snapshot_source(self, include_graph=include_graph, verify=verify)
 
     @overload
-    def save_snapshot(
-        self, dest: PathOrFile | None = None, *, include_graph: bool = True,
-        keep_last: int | None = None, key: bytes | str | None = None, verify: int = 0,
-        blocking: Literal[True] = True,
-    ) -> Snapshot: ...
-
+    def save_snapshot(self, dest: PathOrFile | None = None, *, include_graph: bool = True, keep_last: int | None = None,
+                      key: bytes | str | None = None, verify: int = 0, blocking: Literal[True] = True) -> Snapshot: ...
     @overload
-    def save_snapshot(
-        self, dest: PathOrFile | None = None, *, include_graph: bool = True,
-        keep_last: int | None = None, key: bytes | str | None = None, verify: int = 0,
-        blocking: Literal[False],
-    ) -> Future[str]: ...
+    def save_snapshot(self, dest: PathOrFile | None = None, *, include_graph: bool = True, keep_last: int | None = None,
+                      key: bytes | str | None = None, verify: int = 0, blocking: Literal[False]) -> Future[str]: ...
 
     def save_snapshot(
         self, dest: PathOrFile | None = None, *, include_graph: bool = True,

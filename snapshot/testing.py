@@ -194,6 +194,32 @@ def _run_continuation(fresh_process: bool, args: tuple[Any, ...], timeout: float
     return value
 
 
+def _through_file(snap: Any) -> bytes:
+    """The snapshot's bytes after a round trip through a real file, as a user would save it."""
+    from snapshot import save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/cut.snap"
+        save(snap, path)
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def _check_continuation(what: str, cut: Cut, position: int, expected: list[list[Any]],
+                        streams: list[list[Any]]) -> None:
+    """Raise naming ``what`` was restored (the cut and how) and the first differing sample, if any."""
+    for offset, (want, got) in enumerate(zip(expected, streams)):
+        index = first_difference(want, got)
+        if index is not None:
+            epoch = cut.epoch + offset + (1 if cut.finished else 0)
+            start = position if offset == 0 and not cut.finished else 0
+            raise AssertionError(
+                f"{what} diverges in epoch {epoch} at sample {start + index}: expected "
+                f"{_show(want, index)}, got {_show(got, index)} "
+                f"(expected {len(want)} more samples, got {len(got)})"
+            )
+
+
 def assert_resumes_exactly(
     factory: Callable[[], Any],
     *,
@@ -235,8 +261,6 @@ def assert_resumes_exactly(
         >>> len(report.cuts) >= 7
         True
     """
-    from snapshot import save
-
     reference = _reference(factory, reading_service, seed, epochs)
     lengths = [len(e) for e in reference]
     report = ResumeReport(lengths, strategies=list(strategies))
@@ -245,13 +269,7 @@ def assert_resumes_exactly(
         with _loader(factory, reading_service, seed, buffer_state) as loader:
             _take_to(loader, cut.epoch, cut.samples, cut.finished)
             snap = loader.save_snapshot()
-        data = snap.to_bytes()
-        if via_file:  # through a real file, as a user would
-            with tempfile.TemporaryDirectory() as tmp:
-                path = f"{tmp}/cut.snap"
-                save(snap, path)
-                with open(path, "rb") as f:
-                    data = f.read()
+        data = _through_file(snap) if via_file else snap.to_bytes()
         for strategy in strategies:
             position = cut.samples
             blob = data
@@ -265,17 +283,7 @@ def assert_resumes_exactly(
                 fresh_process, (factory, restore_with, blob, strategy, epochs_left, None, buffer_state))
             expected = [] if cut.finished else [reference[cut.epoch][position:]]
             expected += reference[cut.epoch + 1:]
-            for offset, (want, got) in enumerate(zip(expected, streams)):
-                index = first_difference(want, got)
-                if index is not None:
-                    epoch = cut.epoch + offset + (1 if cut.finished else 0)
-                    start = position if offset == 0 and not cut.finished else 0
-                    raise AssertionError(
-                        f"restore at [{cut}] with strategy={strategy!r} diverges in epoch "
-                        f"{epoch} at sample {start + index}: expected "
-                        f"{_show(want, index)}, got {_show(got, index)} "
-                        f"(expected {len(want)} more samples, got {len(got)})"
-                    )
+            _check_continuation(f"restore at [{cut}] with strategy={strategy!r}", cut, position, expected, streams)
         report.cuts.append(cut)
     return report
 
@@ -361,16 +369,8 @@ def assert_hook_roundtrip(
             streams = [list(fresh) for _ in range(epochs - cut.epoch - (1 if cut.finished else 0))]
         expected = [] if cut.finished else [reference[cut.epoch][cut.samples:]]
         expected += reference[cut.epoch + 1:]
-        for offset, (want, got) in enumerate(zip(expected, streams)):
-            index = first_difference(want, got)
-            if index is not None:
-                epoch = cut.epoch + offset + (1 if cut.finished else 0)
-                start = cut.samples if offset == 0 and not cut.finished else 0
-                raise AssertionError(
-                    f"the hook state saved at [{cut}] and restored into a fresh "
-                    f"{type(pipe).__qualname__} diverges in epoch {epoch} at sample {start + index}: "
-                    f"expected {_show(want, index)}, got {_show(got, index)} "
-                    f"(expected {len(want)} more samples, got {len(got)})")
+        _check_continuation(f"the hook state saved at [{cut}] and restored into a fresh {type(pipe).__qualname__}",
+                            cut, cut.samples, expected, streams)
         report.cuts.append(cut)
     return report
 

@@ -10,7 +10,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from snapshot import _serialization
-from snapshot._fingerprint import sample_fingerprint
+from snapshot._digest import sample_digest
 from snapshot.capture import Snapshot, decode_nodes
 from snapshot.errors import LayoutError, RankError, SnapshotError, VerificationError
 from snapshot.plan import RestoreStrategy, check_graph, make_plan
@@ -140,8 +140,8 @@ def _apply(loader: LoaderParts, state: dict[str, Any], service_state: dict[str, 
         pos.reset_iter = False
 
 
-def fingerprint_ahead(loader: LoaderParts, count: int) -> dict[str, Any]:
-    """Compute up to ``count`` samples ahead (kept for the loader) and fingerprint them."""
+def digests_ahead(loader: LoaderParts, count: int) -> dict[str, Any]:
+    """Compute up to ``count`` samples ahead (kept for the loader) and digest them (the manifest's ``fingerprints``)."""
     pos = loader._position
     if pos.epoch < 0 or pos.epoch_finished:
         return {"count": 0, "fingerprints": [], "ends": True}
@@ -152,7 +152,7 @@ def fingerprint_ahead(loader: LoaderParts, count: int) -> dict[str, Any]:
         except StopIteration:
             break
     ahead = list(pos.lookahead)[:count]
-    return {"count": count, "fingerprints": [sample_fingerprint(x) for x in ahead],
+    return {"count": count, "fingerprints": [sample_digest(x) for x in ahead],
             "ends": len(ahead) < count}
 
 
@@ -160,7 +160,7 @@ def verify(loader: LoaderParts, recorded: VerifyRecord) -> None:
     """Refuse a restored stream whose next samples differ from those recorded at saving."""
     pos = loader._position
     count = recorded.count
-    got: list[str] = fingerprint_ahead(loader, count)["fingerprints"] if count else []
+    got: list[str] = digests_ahead(loader, count)["fingerprints"] if count else []
     expected = list(recorded.fingerprints)
     for index, (want, have) in enumerate(zip(expected, got)):
         if want != have:

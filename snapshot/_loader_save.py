@@ -49,7 +49,7 @@ def snapshot_source(loader: LoaderParts, *, include_graph: bool, verify: int = 0
         lookahead=list(pos.lookahead),
     )
     if verify:
-        source.verify = _loader_restore.fingerprint_ahead(loader, verify)
+        source.verify = _loader_restore.digests_ahead(loader, verify)
     return source
 
 

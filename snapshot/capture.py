@@ -61,7 +61,7 @@ class LoaderState:
         }
 
 
-def _fingerprint(value: Any) -> str:
+def _seed_digest(value: Any) -> str:
     return hashlib.sha256(repr(value).encode()).hexdigest()[:12]
 
 
@@ -168,11 +168,11 @@ def _manifest(source: LoaderState, service: Mapping[str, Any], payload: bytes,
     seeds = service.get("seeds", {})
     node_seeds: dict[str, str] = {}
     for path, seed in seeds.get("shared", {}).items():
-        node_seeds[path] = _fingerprint(seed)
+        node_seeds[path] = _seed_digest(seed)
     for shard_index, shard_seeds in enumerate(seeds.get("shards", [])):
         for path, seed in shard_seeds.items():
             key = path if len(seeds["shards"]) == 1 else f"{path}@shard{shard_index}"
-            node_seeds[key] = _fingerprint(seed)
+            node_seeds[key] = _seed_digest(seed)
     verify = source.verify
     return schema.Manifest(
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds"),

@@ -1,11 +1,11 @@
 """Reading services: where a DataLoader2's graph runs, and how its position is saved."""
 
 from snapshot.reading_service._rng import GlobalRNG
-from snapshot.reading_service.base import ReadingServiceInterface, ServiceState
+from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint, ServiceState
 from snapshot.reading_service.distributed import DistributedReadingService
 from snapshot.reading_service.in_process import InProcessReadingService
 from snapshot.reading_service.multiprocessing import MultiProcessingReadingService
 from snapshot.reading_service.sequential import SequentialReadingService
 
 __all__ = ["DistributedReadingService", "GlobalRNG", "InProcessReadingService", "MultiProcessingReadingService",
-           "ReadingServiceInterface", "SequentialReadingService", "ServiceState"]
+           "ReadingServiceInterface", "SequentialReadingService", "ServiceCheckpoint", "ServiceState"]

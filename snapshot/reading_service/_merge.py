@@ -85,7 +85,7 @@ def owners(count: int, workers: int) -> list[int]:
 
 def service_state(name: str, layout: Mapping[str, Any], seeds: EpochSeeds, merge: RoundRobin,
                   engines: Sequence[Mapping[str, Any]], count: int) -> dict[str, Any]:
-    """The checkpoint every sharded service returns (see ``ServiceState``).
+    """The checkpoint every sharded service returns (see ``ServiceCheckpoint``).
 
     ``shards`` has one record per logical shard (``None`` for shards this process does not
     own, which a distributed snapshot fills in from the other ranks).

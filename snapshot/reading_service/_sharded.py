@@ -23,7 +23,7 @@ from snapshot.reading_service._engine import ShardEngine
 from snapshot.reading_service._merge import RoundRobin, merge_state_for, service_state
 from snapshot.reading_service._recombine import parts, recombine
 from snapshot.reading_service._rng import GlobalRNG
-from snapshot.reading_service.base import ReadingServiceInterface, ServiceState
+from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint
 from snapshot.sharding import Topology, WorkerInfo, analyze
 
 __all__ = ["Executor", "LocalExecutor", "ShardedService", "resolve_logical_shards"]
@@ -168,7 +168,7 @@ class ShardedService(ReadingServiceInterface):
 
     # -- checkpoint / restore ---------------------------------------------------------------
 
-    def checkpoint(self) -> ServiceState:
+    def checkpoint(self) -> ServiceCheckpoint:
         if self._executor is None or self._merge is None or self._seeds is None:
             return {}
         engines, pending = self._executor.capture()
@@ -176,7 +176,7 @@ class ShardedService(ReadingServiceInterface):
             self._merge.in_flight[shard].extend(items)
         return service_state(type(self).__name__, self._layout(), self._seeds, self._merge, engines, self._count)
 
-    def validate(self, state: ServiceState) -> list[str]:
+    def validate(self, state: ServiceCheckpoint) -> list[str]:
         saved = int(state["layout"]["logical_shards"])
         if self.logical_shards is not None and self.logical_shards != saved:
             return [f"the snapshot has {saved} logical shards but this service asks for logical_shards="
@@ -184,7 +184,7 @@ class ShardedService(ReadingServiceInterface):
                     "logical_shards unset to take the saved value)"]
         return []
 
-    def restore(self, datapipe: Any, state: ServiceState, *, strategy: Any = RestoreStrategy.AUTO,
+    def restore(self, datapipe: Any, state: ServiceCheckpoint, *, strategy: Any = RestoreStrategy.AUTO,
                 shards: Sequence[int] | None = None) -> _Output:
         if not state:
             if self._executor is None:

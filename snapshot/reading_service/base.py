@@ -12,7 +12,7 @@ The second half, checkpoint and restore, is part of the same interface (torchdat
 in an optional subclass): every service can say exactly where its epoch stands and put a
 fresh graph back at that point.
 
-    checkpoint() -> dict              the running epoch's state (see ``ServiceState``)
+    checkpoint() -> dict              the running epoch's state (see ``ServiceCheckpoint``)
     restore(datapipe, state, ...)     instead of ``initialize`` + ``initialize_iteration``
 
 A service's ``initialize`` and ``restore`` return the iterable that the loader iterates for
@@ -32,13 +32,16 @@ from typing import Any
 from snapshot.errors import SnapshotError
 from snapshot.randomness import SeedGenerator
 
-__all__ = ["ReadingServiceInterface", "ServiceState"]
+__all__ = ["ReadingServiceInterface", "ServiceCheckpoint", "ServiceState"]
 
 #: A service's checkpoint: plain nested dicts. Keys used by every service:
 #: ``"service"`` (class name), ``"layout"`` (workers, ranks, logical shards: JSON-able),
 #: ``"seeds"`` (this epoch's seeds per node path), ``"shards"`` (per logical shard:
 #: ``"yielded"``, ``"exhausted"``, ``"nodes"`` = {path: {"yielded": n, ...}}).
-ServiceState = dict[str, Any]
+ServiceCheckpoint = dict[str, Any]
+#: The earlier name of :data:`ServiceCheckpoint`, kept for code that imports it. (The saved,
+#: validated frame of this dict is :class:`snapshot.schema.ServiceState`.)
+ServiceState = ServiceCheckpoint
 
 
 class ReadingServiceInterface(ABC):
@@ -65,11 +68,11 @@ class ReadingServiceInterface(ABC):
     def finalize(self) -> None:  # noqa: B027 - optional hook
         """Release everything (worker processes, process groups). Must be idempotent."""
 
-    def checkpoint(self) -> ServiceState:
+    def checkpoint(self) -> ServiceCheckpoint:
         """The running epoch's exact state; ``{}`` before the first epoch."""
         raise self._not_checkpointable("save a snapshot", "checkpoint")
 
-    def restore(self, datapipe: Any, state: ServiceState, *, strategy: Any = "auto") -> Iterable[Any]:
+    def restore(self, datapipe: Any, state: ServiceCheckpoint, *, strategy: Any = "auto") -> Iterable[Any]:
         """Prepare ``datapipe`` and position it where ``state`` was taken."""
         raise self._not_checkpointable("restore a snapshot", "restore")
 
@@ -80,6 +83,6 @@ class ReadingServiceInterface(ABC):
             f"Implement checkpoint() and restore() in {name} (see snapshot.ReadingServiceInterface), "
             "or use one of snapshot's reading services, which all can.")
 
-    def validate(self, state: ServiceState) -> list[str]:
+    def validate(self, state: ServiceCheckpoint) -> list[str]:
         """Problems that would stop :meth:`restore` (checked before anything changes)."""
         return []

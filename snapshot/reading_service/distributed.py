@@ -42,7 +42,7 @@ from snapshot.multipart import distributed_manifest, part_info
 from snapshot.plan import RestoreStrategy
 from snapshot.randomness import SeedGenerator
 from snapshot.reading_service._sharded import ShardedService, resolve_logical_shards
-from snapshot.reading_service.base import ReadingServiceInterface, ServiceState
+from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint
 from snapshot.reading_service.in_process import InProcessReadingService
 from snapshot.schema import shard_finished
 from snapshot.sharding import analyze
@@ -250,7 +250,7 @@ class DistributedReadingService(ReadingServiceInterface):
 
     # -- checkpoint / restore -----------------------------------------------------------------
 
-    def checkpoint(self) -> ServiceState:
+    def checkpoint(self) -> ServiceCheckpoint:
         state = self.executor.checkpoint()
         if state:
             collective = self._connect()
@@ -260,7 +260,7 @@ class DistributedReadingService(ReadingServiceInterface):
             state["even_batches"] = self._even.state() if self._even is not None else _EvenBatches.initial()
         return state
 
-    def validate(self, state: ServiceState) -> list[str]:
+    def validate(self, state: ServiceCheckpoint) -> list[str]:
         problems = self.executor.validate(state)
         collective = self._connect()
         count = int(state["layout"]["logical_shards"])
@@ -275,7 +275,7 @@ class DistributedReadingService(ReadingServiceInterface):
                                 f"shards, which cannot keep {workers} workers per rank busy; use at most {fewest}")
         return problems
 
-    def restore(self, datapipe: Any, state: ServiceState, *, strategy: Any = RestoreStrategy.AUTO) -> _Output:
+    def restore(self, datapipe: Any, state: ServiceCheckpoint, *, strategy: Any = RestoreStrategy.AUTO) -> _Output:
         if not state:
             if self.executor._executor is None:
                 self.initialize(datapipe)
@@ -312,7 +312,7 @@ class DistributedReadingService(ReadingServiceInterface):
         return self._even
 
 
-def _epoch_finished(state: ServiceState) -> bool:
+def _epoch_finished(state: ServiceCheckpoint) -> bool:
     """Whether the saved epoch had ended: the policy ended it on every rank, or the loader had
     taken the last sample of every logical shard."""
     saved = [r.get("even_batches") for r in state.get("ranks", [])] or [state.get("even_batches")]
@@ -322,7 +322,7 @@ def _epoch_finished(state: ServiceState) -> bool:
     return bool(shards) and all(shard_finished(record) for record in shards)
 
 
-def _saved_last(state: ServiceState, rank: int) -> list[Any]:
+def _saved_last(state: ServiceCheckpoint, rank: int) -> list[Any]:
     """The sample ``"pad"`` repeats on ``rank`` after a restore: the one this rank saved; after a
     restore onto another number of ranks, one that a saved rank had (its own number first)."""
     saved = [r.get("even_batches") for r in state.get("ranks", [])] or [state.get("even_batches")]

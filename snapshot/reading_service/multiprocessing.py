@@ -30,7 +30,7 @@ from snapshot.reading_service._dispatch import Dispatcher
 from snapshot.reading_service._pool import WorkerPool
 from snapshot.reading_service._rng import GlobalRNG
 from snapshot.reading_service._sharded import Executor, LocalExecutor, ShardedService
-from snapshot.reading_service.base import ServiceState
+from snapshot.reading_service.base import ServiceCheckpoint
 from snapshot.sharding import Topology, WorkerInfo, analyze
 
 __all__ = ["MultiProcessingReadingService"]
@@ -159,7 +159,7 @@ class MultiProcessingReadingService(ShardedService):
         assignment = {str(s): i % max(self._running, 1) for i, s in enumerate(self._owned)}
         return {"logical_shards": self._count, "workers": self._running, "ranks": 1, "owners": assignment}
 
-    def validate(self, state: ServiceState) -> list[str]:
+    def validate(self, state: ServiceCheckpoint) -> list[str]:
         problems = super().validate(state)
         saved = int(state["layout"]["logical_shards"])
         if self.num_workers > saved:

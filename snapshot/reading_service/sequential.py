@@ -15,7 +15,7 @@ from typing import Any
 from snapshot.plan import RestoreStrategy
 from snapshot.randomness import SeedGenerator
 from snapshot.reading_service._sharded import ShardedService
-from snapshot.reading_service.base import ReadingServiceInterface, ServiceState
+from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint
 from snapshot.reading_service.distributed import DistributedReadingService
 
 __all__ = ["SequentialReadingService"]
@@ -62,13 +62,14 @@ class SequentialReadingService(ReadingServiceInterface):
     def finalize(self) -> None:
         self.inner.finalize()
 
-    def checkpoint(self) -> ServiceState:
+    def checkpoint(self) -> ServiceCheckpoint:
         return self.inner.checkpoint()
 
-    def validate(self, state: ServiceState) -> list[str]:
+    def validate(self, state: ServiceCheckpoint) -> list[str]:
         return self.inner.validate(state)
 
-    def restore(self, datapipe: Any, state: ServiceState, *, strategy: Any = RestoreStrategy.AUTO) -> Iterable[Any]:
+    def restore(self, datapipe: Any, state: ServiceCheckpoint, *,
+                strategy: Any = RestoreStrategy.AUTO) -> Iterable[Any]:
         return self.inner.restore(datapipe, state, strategy=strategy)
 
     def progress(self) -> tuple[int, bool]:

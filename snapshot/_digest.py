@@ -1,4 +1,5 @@
-"""Fingerprints of samples, stable across processes (used by ``save_snapshot(verify=K)``)."""
+"""Digests of samples' content, stable across processes (``save_snapshot(verify=K)`` records them;
+the manifest calls them ``verify.fingerprints``, a name kept by format version 1)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["sample_fingerprint"]
+__all__ = ["sample_digest"]
 
 
 def _feed(h: Any, obj: Any, depth: int = 0) -> None:
@@ -40,7 +41,7 @@ def _feed(h: Any, obj: Any, depth: int = 0) -> None:
             h.update(f"{type(obj).__qualname__}:{obj!r}".encode())
 
 
-def sample_fingerprint(sample: Any) -> str:
+def sample_digest(sample: Any) -> str:
     """A short hex digest of a sample's content (tensors by dtype, shape and bytes)."""
     h = hashlib.sha256()
     _feed(h, sample)

@@ -31,7 +31,7 @@ from snapshot import _progress
 from snapshot.errors import PositionError, RestoreError
 from snapshot.graph import ROOT, Graph
 from snapshot.hooks import StateHook, hook_for
-from snapshot.hooks._base import ResumableIterator, _note
+from snapshot.hooks._base import ResumableIterator, counted_step
 from snapshot.plan import Plan, log_plan
 
 __all__ = ["CountingIterator", "NodeRecord", "Run", "capture_persistent", "restore_persistent", "rewind"]
@@ -74,16 +74,7 @@ class CountingIterator(Iterator[Any]):
         it = self._it
         if it is None:
             it = self._it = _raw_iter(self.datapipe) if self._raw else iter(self.datapipe)
-        try:
-            item = next(it)
-        except StopIteration:
-            self.exhausted = True
-            raise
-        except Exception as exc:
-            _note(exc, self)
-            raise
-        self.yielded += 1
-        return item
+        return counted_step(self, it.__next__)
 
 
 def _raw_iter(datapipe: Any) -> Iterator[Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
@@ -11,6 +12,23 @@ __all__ = ["ResumableIterator", "YIELDED", "STATE"]
 #: Keys of :meth:`ResumableIterator.state_dict`.
 YIELDED = "yielded"
 STATE = "state"
+#: The key of an :class:`Expanding` iterator's outputs not yet yielded.
+PENDING = "pending"
+
+
+def counted_step(counter: Any, produce: Callable[[], Any]) -> Any:
+    """One sample from ``produce()``, counted on ``counter``: ``yielded`` goes up, ``exhausted``
+    is set at the end, and an error is marked with the node that raised it."""
+    try:
+        item = produce()
+    except StopIteration:
+        counter.exhausted = True
+        raise
+    except Exception as exc:
+        _note(exc, counter)
+        raise
+    counter.yielded += 1
+    return item
 
 
 def _note(exc: BaseException, iterator: Any) -> None:
@@ -78,16 +96,7 @@ class ResumableIterator(Iterator[Any], ABC):
         return self
 
     def __next__(self) -> Any:
-        try:
-            item = self.next()
-        except StopIteration:
-            self.exhausted = True
-            raise
-        except Exception as exc:
-            _note(exc, self)
-            raise
-        self.yielded += 1
-        return item
+        return counted_step(self, self.next)
 
     @abstractmethod
     def next(self) -> Any:
@@ -164,6 +173,24 @@ class ResumableIterator(Iterator[Any], ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.yielded = int(state[YIELDED])
         self.set_state(state[STATE])
+
+
+class Expanding(ResumableIterator):
+    """Base for pipes that turn one input into several outputs, kept in ``_pending`` (the state)
+    until they are yielded."""
+
+    def __init__(self, datapipe: Any, inputs: Any):
+        super().__init__(datapipe, inputs)
+        self._pending: deque[Any] = deque()
+
+    def buffered(self) -> int:
+        return len(self._pending)
+
+    def get_state(self) -> dict[str, Any]:
+        return {PENDING: list(self._pending)}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._pending = deque(state[PENDING])
 
 
 class Stateless(ResumableIterator):

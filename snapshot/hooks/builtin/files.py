@@ -7,46 +7,39 @@ from state only when a ``FileOpener`` is its direct input (otherwise it is repla
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
 from torch.utils.data.datapipes.iter.fileopener import FileOpenerIterDataPipe
 from torch.utils.data.datapipes.utils.common import StreamWrapper, get_file_pathnames_from_root
 
-from snapshot.hooks._base import ResumableIterator, Stateless
+from snapshot.hooks._base import Expanding, ResumableIterator, Stateless
 from snapshot.hooks.builtin._skip import advance
 
-PENDING = "pending"
 PATH = "path"
 OFFSET = "offset"
 CONSUMED = "consumed"
 
 
-class FileListerIterator(ResumableIterator):
+class FileListerIterator(Expanding):
     """Lists one root at a time; the names not yet yielded are the state."""
 
-    def __init__(self, datapipe: Any, inputs: Any):
-        super().__init__(datapipe, inputs)
-        self._src = inputs[0]
-        self._pending: deque[str] = deque()
 
     def next(self) -> Any:
         dp = self.datapipe
         while not self._pending:
-            root = next(self._src)
+            root = next(self.inputs[0])
             self._pending.extend(get_file_pathnames_from_root(
                 root, dp.masks, dp.recursive, dp.abspath, dp.non_deterministic))
         return self._pending.popleft()
 
-    def buffered(self) -> int:
-        return len(self._pending)
-
-    def get_state(self) -> dict[str, Any]:
-        return {PENDING: list(self._pending)}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self._pending = deque(state[PENDING])
+def reopenable(node: Any, graph: Any) -> str | None:
+    """``None`` when ``node`` reads from a ``FileOpener`` directly (its streams can be reopened
+    at an offset), else why it cannot be restored from its state."""
+    inputs = [graph[p].datapipe for p in node.inputs]
+    if len(inputs) == 1 and type(inputs[0]) is FileOpenerIterDataPipe:
+        return None
+    return "it reads streams that only a FileOpener directly before it can reopen"
 
 
 def open_stream(pathname: Any, mode: str, encoding: str | None) -> Any:
@@ -97,10 +90,7 @@ class StreamReaderIterator(ResumableIterator):
 
     @classmethod
     def can_restore(cls, node: Any, graph: Any) -> str | None:
-        inputs = [graph[p].datapipe for p in node.inputs]
-        if len(inputs) == 1 and type(inputs[0]) is FileOpenerIterDataPipe:
-            return None
-        return "it reads streams that only a FileOpener directly before it can reopen"
+        return reopenable(node, graph)
 
     def _reopen(self) -> None:
         opener = self.inputs[0].datapipe

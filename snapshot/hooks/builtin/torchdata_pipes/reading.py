@@ -10,7 +10,7 @@ from typing import Any
 
 from snapshot.hooks._base import ResumableIterator
 from snapshot.hooks.builtin._skip import advance
-from snapshot.hooks.builtin.files import open_stream
+from snapshot.hooks.builtin.files import open_stream, reopenable
 from snapshot.hooks.builtin.torchdata_pipes.counting import DONE
 
 __all__ = ["InMemoryCacheIterator", "LineReaderIterator"]
@@ -34,12 +34,7 @@ class LineReaderIterator(ResumableIterator):
 
     @classmethod
     def can_restore(cls, node: Any, graph: Any) -> str | None:
-        from torch.utils.data.datapipes.iter.fileopener import FileOpenerIterDataPipe
-
-        inputs = [graph[p].datapipe for p in node.inputs]
-        if len(inputs) == 1 and type(inputs[0]) is FileOpenerIterDataPipe:
-            return None
-        return "it reads streams that only a FileOpener directly before it can reopen"
+        return reopenable(node, graph)
 
     def _lines_of(self, path: str, stream: Any) -> Iterator[Any]:
         helper = self.datapipe._helper

@@ -5,44 +5,26 @@
 from __future__ import annotations
 
 import random
-from collections import deque
 from typing import Any
 
 from torch.utils.data.datapipes.datapipe import DataChunk
 
-from snapshot.hooks._base import ResumableIterator, Stateless
+from snapshot.hooks._base import PENDING, Expanding, ResumableIterator, Stateless
 from snapshot.hooks.builtin._rng import rng_state, set_rng_state
 from snapshot.hooks.builtin.shuffle import consume_seed
-from snapshot.hooks.builtin.torchdata_pipes.counting import DONE, PENDING
+from snapshot.hooks.builtin.torchdata_pipes.counting import DONE
 
 __all__ = ["BatchMapperIterator", "FlatMapperIterator", "InBatchShufflerIterator", "PrefetcherIterator"]
 
 
-class _Expanding(ResumableIterator):
-    """Pipes that turn one input sample (or batch) into several outputs."""
-
-    def __init__(self, datapipe: Any, inputs: Any):
-        super().__init__(datapipe, inputs)
-        self._pending: deque[Any] = deque()
-
-    def buffered(self) -> int:
-        return len(self._pending)
-
-    def get_state(self) -> dict[str, Any]:
-        return {PENDING: list(self._pending)}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self._pending = deque(state[PENDING])
-
-
-class FlatMapperIterator(_Expanding):
+class FlatMapperIterator(Expanding):
     def next(self) -> Any:
         while not self._pending:
             self._pending.extend(self.datapipe._apply_fn(next(self.inputs[0])))
         return self._pending.popleft()
 
 
-class BatchMapperIterator(_Expanding):
+class BatchMapperIterator(Expanding):
     def __init__(self, datapipe: Any, inputs: Any):
         super().__init__(datapipe, inputs)
         self._batch: list[Any] = []

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from snapshot import _serialization
 from snapshot._digest import sample_digest
-from snapshot.capture import Snapshot, decode_nodes
+from snapshot.capture import Snapshot
 from snapshot.errors import LayoutError, RankError, SnapshotError, VerificationError
 from snapshot.plan import RestoreStrategy, check_graph, make_plan
 from snapshot.randomness import SeedGenerator
@@ -70,7 +70,7 @@ def restore(loader: LoaderParts, snap: Snapshot, strategy: RestoreStrategy) -> N
             differ = [r for r, i in enumerate(identities) if i != identities[0]]
             raise RankError(f"ranks {differ} restore a different snapshot than rank 0; every rank must "
                             "restore the same one")
-    service_state = decode_nodes(state["service"]) if state["service"] else {}
+    service_state = _serialization.decode_nodes(state["service"]) if state["service"] else {}
     # Validated: now change the loader (and put it back if verification fails).
     before = loader._position.copy()
     try:

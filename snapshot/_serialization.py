@@ -12,14 +12,14 @@ import contextlib
 import io
 import pickle
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import dill
 
 from snapshot.errors import SerializationError
 
-__all__ = ["clone", "cooperative", "dumps", "dumps_graph", "loads", "loads_graph"]
+__all__ = ["clone", "cooperative", "decode_nodes", "dumps", "dumps_graph", "encode_nodes", "loads", "loads_graph"]
 
 _PICKLE = b"P"
 _DILL = b"D"
@@ -197,3 +197,40 @@ def clone(datapipe: Any) -> tuple[Any, bytes]:
     """A deep copy of a graph through its pickle; also returns the pickle."""
     data = dumps_graph(datapipe)
     return loads_graph(data), data
+
+
+# -- node states: one pickle per node, inside the payload ----------------------------------
+
+def _map_nodes(service: Mapping[str, Any], convert: Any) -> dict[str, Any]:
+    """A copy of ``service`` with ``convert(path, state)`` applied to every node state."""
+    def nodes(records: Mapping[str, Any]) -> dict[str, Any]:
+        out = {}
+        for path, record in records.items():
+            out[path] = dict(record)
+            if record.get("state") is not None:
+                out[path]["state"] = convert(path, record["state"])
+        return out
+
+    converted = dict(service)
+    if "shards" in service:
+        converted["shards"] = [None if shard is None else {**shard, "nodes": nodes(shard.get("nodes", {}))}
+                               for shard in service["shards"]]
+    if "upstream" in service:
+        converted["upstream"] = [{**up, "nodes": nodes(up.get("nodes", {}))} for up in service["upstream"]]
+    return converted
+
+
+def encode_nodes(service: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``service`` whose node states are pickled one node at a time.
+
+    Each state is its own pickle, so a state that cannot be pickled is reported with its
+    node path, and the manifest can show each node's state size.
+    """
+    return _map_nodes(service, lambda path, state: dumps(
+        state, what=f"state of the DataPipe at {path}"))
+
+
+def decode_nodes(service: Mapping[str, Any]) -> dict[str, Any]:
+    """Inverse of :func:`encode_nodes` (call only on verified payloads)."""
+    return _map_nodes(service, lambda path, state: loads(
+        state, what=f"state of the DataPipe at {path}") if isinstance(state, bytes) else state)

@@ -24,7 +24,7 @@ from snapshot import _serialization, format, multipart, schema
 from snapshot._version import __version__
 from snapshot.errors import CorruptSnapshotError, ManifestError, SnapshotFileError
 
-__all__ = ["LoaderState", "Snapshot", "capture", "decode_nodes", "snapshot_of"]
+__all__ = ["LoaderState", "Snapshot", "capture", "snapshot_of"]
 
 
 @dataclass
@@ -83,41 +83,6 @@ def _installed_versions() -> tuple[tuple[str, str], ...]:
 
 def _versions() -> dict[str, str]:
     return dict(_installed_versions())
-
-
-def _map_nodes(service: Mapping[str, Any], convert: Any) -> dict[str, Any]:
-    """A copy of ``service`` with ``convert(path, state)`` applied to every node state."""
-    def nodes(records: Mapping[str, Any]) -> dict[str, Any]:
-        out = {}
-        for path, record in records.items():
-            out[path] = dict(record)
-            if record.get("state") is not None:
-                out[path]["state"] = convert(path, record["state"])
-        return out
-
-    converted = dict(service)
-    if "shards" in service:
-        converted["shards"] = [None if shard is None else {**shard, "nodes": nodes(shard.get("nodes", {}))}
-                               for shard in service["shards"]]
-    if "upstream" in service:
-        converted["upstream"] = [{**up, "nodes": nodes(up.get("nodes", {}))} for up in service["upstream"]]
-    return converted
-
-
-def _encode_nodes(service: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of ``service`` whose node states are pickled one node at a time.
-
-    Each state is its own pickle, so a state that cannot be pickled is reported with its
-    node path, and the manifest can show each node's state size.
-    """
-    return _map_nodes(service, lambda path, state: _serialization.dumps(
-        state, what=f"state of the DataPipe at {path}"))
-
-
-def decode_nodes(service: Mapping[str, Any]) -> dict[str, Any]:
-    """Inverse of :func:`_encode_nodes` (call only on verified payloads)."""
-    return _map_nodes(service, lambda path, state: _serialization.loads(
-        state, what=f"state of the DataPipe at {path}") if isinstance(state, bytes) else state)
 
 
 def _node_positions(records: Mapping[str, Any], replayed: set[str]) -> dict[str, schema.NodePosition]:
@@ -307,7 +272,7 @@ def snapshot_of(source: LoaderState) -> Snapshot:
     A background save calls it in its own thread on a staged copy of ``source``.
     """
     state = source.restore_state()
-    state["service"] = _encode_nodes(source.service)
+    state["service"] = _serialization.encode_nodes(source.service)
     body = {"state": state, "graph": source.graph_bytes, "service": source.service_bytes}
     payload = _serialization.dumps(body, what="snapshot state")
     graph_size, service_size = len(source.graph_bytes or b""), len(source.service_bytes or b"")

@@ -16,7 +16,7 @@ from torch.utils.data import RandomSampler  # noqa: E402
 from torch.utils.data.datapipes.iter import IterableWrapper, Sampler, ShardingFilter, Shuffler  # noqa: E402
 
 import snapshot  # noqa: E402
-from snapshot.capture import _encode_nodes, decode_nodes  # noqa: E402
+from snapshot._serialization import decode_nodes, encode_nodes  # noqa: E402
 from snapshot.errors import RestoreError  # noqa: E402
 from snapshot.testing import Cut, assert_resumes_exactly  # noqa: E402
 from tests import graphs  # noqa: E402
@@ -165,7 +165,7 @@ def _tampered(factory: Any, edit: Any, cut: int = 4) -> snapshot.Snapshot:
         snap = loader.save_snapshot()
     service = decode_nodes(snap.state["service"])
     edit(service["shards"][0]["nodes"])
-    snap.state["service"] = _encode_nodes(service)
+    snap.state["service"] = encode_nodes(service)
     return snap
 
 

@@ -21,12 +21,7 @@ def test_hierarchy_is_drawn_in_the_module_docstring() -> None:
 
 
 def snap_of(factory, samples: int = 3) -> snapshot.Snapshot:
-    dl = snapshot.DataLoader2(factory())
-    dl.seed(0)
-    it = iter(dl)
-    for _ in range(samples):
-        next(it)
-    return dl.save_snapshot()
+    return graphs.snapshot_after(factory, samples, seed=0)
 
 
 def test_graph_mismatch_names_the_node_and_both_versions() -> None:

@@ -21,12 +21,7 @@ from tests import graphs
 
 
 def make_snapshot(factory=graphs.linear, samples: int = 3) -> snapshot.Snapshot:
-    dl = snapshot.DataLoader2(factory())
-    dl.seed(1)
-    it = iter(dl)
-    for _ in range(samples):
-        next(it)
-    return dl.save_snapshot()
+    return graphs.snapshot_after(factory, samples, seed=1)
 
 
 def test_round_trip_through_a_file(tmp_path) -> None:

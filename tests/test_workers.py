@@ -123,12 +123,7 @@ def test_in_process_leaves_the_callers_generators_alone() -> None:
 # -- layouts -----------------------------------------------------------------------------------
 
 def snapshot_with(service, factory=graphs.sharded, samples: int = 4):
-    with snapshot.DataLoader2(factory(), reading_service=service) as loader:
-        loader.seed(0)
-        it = iter(loader)
-        for _ in range(samples):
-            next(it)
-        return loader.save_snapshot()
+    return graphs.snapshot_after(factory, samples, seed=0, reading_service=service)
 
 
 def test_more_workers_than_logical_shards_is_refused_before_anything_changes() -> None:

@@ -58,7 +58,8 @@ def merge_parts(manifest: dict[str, Any], parts: list[Snapshot]) -> Snapshot:
                        "lookahead": p.state["lookahead"]} for i, p in enumerate(parts)]
     services = [p.state["service"] for p in parts]
     if services[0]:
-        shards: list[Any] = [None] * int(services[0]["layout"]["logical_shards"])
+        layout = services[0]["layout"]
+        shards: list[Any] = [None] * int(layout.get("units", layout["logical_shards"]))
         for service in services:
             for index, record in enumerate(service["shards"]):
                 if record is not None:

@@ -52,15 +52,19 @@ def start_upstream(graph: Graph, routers: Sequence[str], prefix: frozenset[str],
     routers_state: dict[str, Any] = {}
     if saved is not None:
         restore_persistent(graph, saved.get("persistent", {}))
-        if not replayed:
+        if saved.get("restart") and not replayed:  # read unevenly: replay, routers skip what was read
+            rewind(graph, saved["nodes"], prefix)
+            routers_state = saved["routers"]
+        elif not replayed:
             records = saved["nodes"]
             counts = {p: r["yielded"] for p, r in records.items()}
             plan = make_plan(graph, counts, strategy, sinks=sinks)
             routers_state = saved["routers"]
         else:  # restart the routers, skipping what was read
             rewind(graph, saved["nodes"], prefix)
-            routers_state = {r: {"position": 0, "kept": 0, "ended": False, "queues": {s: [] for s in shards},
-                                 "next": {s: (s if s in replayed else state["next"][s]) for s in shards}}
+            routers_state = {r: {**({"deal": state["deal"]} if "deal" in state else {}),
+                                 "position": 0, "kept": 0, "ended": False, "queues": {s: [] for s in shards},
+                                 "next": {s: (0 if s in replayed else state["next"][s]) for s in shards}}
                              for r, state in saved["routers"].items()}
     shared = {p: s for p, s in seeds.shared.items() if p in prefix}
     run = Run(graph, shared, sink=sinks[0], sinks=tuple(sinks[1:]), records=records, plan=plan,
@@ -152,7 +156,7 @@ class ShardEngine:
             saved = shard_states.get(shard)
             if self._rng.enabled:
                 plain = (saved or {}).get("rng")
-                rng_states[shard] = raw_from_plain(plain) if plain else seeded_rng(seeds.rng[shard])
+                rng_states[shard] = raw_from_plain(plain) if plain else seeded_rng(seeds.rng_seed(shard))
             self._runs[shard] = self._shard_run(shard, seeds, saved, plans.get(shard), shard in replayed)
         self._rng.reset(rng_states)
 

@@ -23,6 +23,7 @@ from snapshot.reading_service._engine import ShardEngine
 from snapshot.reading_service._merge import RoundRobin, merge_state_for, service_state
 from snapshot.reading_service._recombine import parts, recombine
 from snapshot.reading_service._rng import GlobalRNG
+from snapshot.reading_service._split import epoch_finished, split
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint
 from snapshot.sharding import Topology, WorkerInfo, analyze
 
@@ -104,12 +105,14 @@ class ShardedService(ReadingServiceInterface):
         self._executor: Executor | None = None
         self._merge: RoundRobin | None = None
         self._seeds: EpochSeeds | None = None
-        self._count = 0
+        self._count = 0  # L, the logical shards
+        self._units = 0  # this epoch's units: L, or sub-shards of them (see _split)
         self._owned: list[int] = []
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_graph=None, _topology=None, _executor=None, _merge=None, _seeds=None, _count=0, _owned=[])
+        state.update(_graph=None, _topology=None, _executor=None, _merge=None, _seeds=None, _count=0, _units=0,
+                     _owned=[])
         return state
 
     # -- what subclasses decide -------------------------------------------------------------
@@ -144,13 +147,16 @@ class ShardedService(ReadingServiceInterface):
         self.configure(datapipe, count, range(count))
         return _Output(self)
 
-    def configure(self, datapipe: Any, count: int, shards: Sequence[int]) -> None:
-        """Run ``shards`` (a rank's share, or all) of ``count`` logical shards of ``datapipe``."""
+    def configure(self, datapipe: Any, count: int, shards: Sequence[int], units: int | None = None) -> None:
+        """Run ``shards`` (a rank's share, or all) of the ``units`` (default: ``count``) units of
+        ``count`` logical shards of ``datapipe``."""
         self.finalize()
+        units = units or count
         graph = Graph(datapipe)
-        topology = analyze(graph).for_shards(count)
-        self._graph, self._topology, self._count, self._owned = graph, topology, count, list(shards)
-        self._executor = self._make_executor(datapipe, graph, self._topology, count, self._owned)
+        topology = analyze(graph).for_shards(units)
+        self._graph, self._topology, self._count, self._units = graph, topology, count, units
+        self._owned = list(shards)
+        self._executor = self._make_executor(datapipe, graph, self._topology, units, self._owned)
 
     def initialize_iteration(
         self, seed_generator: SeedGenerator, iter_reset_fn: Callable[[Any], Any] | None = None
@@ -174,7 +180,10 @@ class ShardedService(ReadingServiceInterface):
         engines, pending = self._executor.capture()
         for shard, items in pending.items():
             self._merge.in_flight[shard].extend(items)
-        return service_state(type(self).__name__, self._layout(), self._seeds, self._merge, engines, self._count)
+        layout = self._layout()
+        if self._units != self._count:
+            layout["units"] = self._units
+        return service_state(type(self).__name__, layout, self._seeds, self._merge, engines, self._units)
 
     def validate(self, state: ServiceCheckpoint) -> list[str]:
         saved = int(state["layout"]["logical_shards"])
@@ -185,19 +194,29 @@ class ShardedService(ReadingServiceInterface):
         return []
 
     def restore(self, datapipe: Any, state: ServiceCheckpoint, *, strategy: Any = RestoreStrategy.AUTO,
-                shards: Sequence[int] | None = None) -> _Output:
+                shards: Sequence[int] | None = None, units: int | None = None, ranks: int = 1) -> _Output:
+        """Continue from ``state``, running ``shards`` of ``units`` (default: all the saved units;
+        more units split the saved ones, see :mod:`._split`) as one of ``ranks`` ranks."""
         if not state:
             if self._executor is None:
                 self.initialize(datapipe)
             return _Output(self)
         count = int(state["layout"]["logical_shards"])
-        owned = list(shards) if shards is not None else list(range(count))
-        if self._executor is None or count != self._count or owned != self._owned:
+        saved_units = int(state["layout"].get("units", count))
+        units = units or saved_units
+        owned = list(shards) if shards is not None else list(range(units))
+        if self._executor is None or (count, units, owned) != (self._count, self._units, self._owned):
             if self._graph is not None:
                 datapipe = self._graph.sink
             elif self._executor is None:
                 datapipe = self._prepare(datapipe)
-            self.configure(datapipe, count, owned)
+            self.configure(datapipe, count, owned, units)
+        rebalance = ranks > 1 and int(state["layout"].get("ranks", 1)) != ranks
+        if units != saved_units or rebalance:
+            _log.info("re-sharding: the saved %d unit(s) of %d logical shard(s) run as %d on %d rank(s)", saved_units,
+                      count, units, ranks)
+            state = split(state, units, analyze(self._require()[1]), finished=epoch_finished(state), ranks=ranks,
+                          rebalance=rebalance)
         saved_workers, workers = int(state["layout"].get("workers", 0)), int(self._layout()["workers"])
         if saved_workers != workers:
             _log.info("re-sharding: %d logical shard(s) saved with %d worker(s) per rank now run on %d "
@@ -233,3 +252,4 @@ class _Output:
 
     def __iter__(self) -> Iterator[Any]:
         return self._service.stream()
+

@@ -36,15 +36,15 @@ import torch
 import torch.distributed as dist
 
 from snapshot import _atomic, format, multipart
-from snapshot.errors import LayoutError, RankError, ShardingError, SnapshotError
+from snapshot.errors import RankError, ShardingError, SnapshotError
 from snapshot.graph import Graph
 from snapshot.multipart import distributed_manifest, part_info
 from snapshot.plan import RestoreStrategy
 from snapshot.randomness import SeedGenerator
 from snapshot.reading_service._sharded import ShardedService, resolve_logical_shards
+from snapshot.reading_service._split import epoch_units, restore_units
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint
 from snapshot.reading_service.in_process import InProcessReadingService
-from snapshot.schema import shard_finished
 from snapshot.sharding import analyze
 
 __all__ = ["Collective", "DistributedReadingService"]
@@ -220,10 +220,8 @@ class DistributedReadingService(ReadingServiceInterface):
                 f"the graph has no sharding point, so its {collective.world} ranks would each read the whole "
                 "dataset: add .sharding_filter() where samples may be split")
         count = resolve_logical_shards(requested, topology, default)
-        if collective.world > count:
-            raise LayoutError(f"{collective.world} ranks cannot share {count} logical shard(s); "
-                              f"use logical_shards >= {collective.world} on a first run")
-        self.executor.configure(datapipe, count, self.owned(count))
+        units = epoch_units(count, collective.world)
+        self.executor.configure(datapipe, count, self.owned(units), units)
         return _Output(self)
 
     def initialize_iteration(
@@ -234,7 +232,11 @@ class DistributedReadingService(ReadingServiceInterface):
         if any(state != states[0] for state in states):
             seed_generator.set_state(states[0])  # rank 0's seeds drive every rank
         self._even, self._resume_last = None, None
-        return self.executor.initialize_iteration(seed_generator, iter_reset_fn)
+        executor = self.executor
+        units = epoch_units(executor._count, collective.world)
+        if executor._graph is not None and executor._units != units:  # the epoch after a split restore
+            executor.configure(executor._graph.sink, executor._count, self.owned(units), units)
+        return executor.initialize_iteration(seed_generator, iter_reset_fn)
 
     def finalize_iteration(self) -> None:
         self.executor.finalize_iteration()
@@ -262,17 +264,13 @@ class DistributedReadingService(ReadingServiceInterface):
 
     def validate(self, state: ServiceCheckpoint) -> list[str]:
         problems = self.executor.validate(state)
-        collective = self._connect()
-        count = int(state["layout"]["logical_shards"])
-        if collective.world > count:
-            problems.append(f"the snapshot has {count} logical shard(s), which cannot be shared by "
-                            f"{collective.world} ranks; use at most {count} ranks")
-        else:
-            fewest = count // collective.world
-            workers = self.executor.workers
-            if workers > fewest:
-                problems.append(f"with {collective.world} ranks, some rank gets {fewest} of the {count} logical "
-                                f"shards, which cannot keep {workers} workers per rank busy; use at most {fewest}")
+        world = self._connect().world
+        saved = int(state["layout"].get("units", state["layout"]["logical_shards"]))
+        mine = restore_units(saved, world) // world
+        workers = self.executor.workers
+        if workers > mine:
+            problems.append(f"on {world} ranks each rank runs {mine} logical shard(s) (or sub-shards) of this "
+                            f"snapshot, which cannot keep {workers} workers per rank busy; use at most {mine}")
         return problems
 
     def restore(self, datapipe: Any, state: ServiceCheckpoint, *, strategy: Any = RestoreStrategy.AUTO) -> _Output:
@@ -280,24 +278,18 @@ class DistributedReadingService(ReadingServiceInterface):
             if self.executor._executor is None:
                 self.initialize(datapipe)
             return _Output(self)
-        count = int(state["layout"]["logical_shards"])
-        saved_ranks, world = int(state["layout"].get("ranks", 1)), self._connect().world
-        if saved_ranks != world:
-            _log.info("re-sharding: %d logical shard(s) saved on %d rank(s) now run on %d; rank %d owns shards %s",
-                      count, saved_ranks, world, self._connect().rank, self.owned(count))
-            if self.even_batches is not None and not _epoch_finished(state) and self._connect().rank == 0:
-                _log.warning(
-                    "a mid-epoch snapshot saved on %d rank(s) restores onto %d with even_batches=%r: the rest of "
-                    "this epoch's shares can be uneven, and the policy then %s so that every rank takes the same "
-                    "number of steps. To keep every sample exactly once, restore on %d rank(s), save at the end "
-                    "of an epoch, or use even_batches=None (ranks may then take different numbers of steps).",
-                    saved_ranks, world, self.even_batches,
-                    "drops the tails of the longer shares" if self.even_batches == "drop"
-                    else "repeats samples on the shorter shares", saved_ranks)
+        collective = self._connect()
+        saved = int(state["layout"].get("units", state["layout"]["logical_shards"]))
+        units = restore_units(saved, collective.world)
+        saved_ranks = int(state["layout"].get("ranks", 1))
+        if saved_ranks != collective.world:
+            _log.info("re-sharding: %d unit(s) saved on %d rank(s) now run as %d on %d; rank %d owns %s",
+                      saved, saved_ranks, units, collective.world, collective.rank, self.owned(units))
         if self.executor._executor is None:
             datapipe = self.executor._prepare(datapipe)
-        self.executor.restore(datapipe, state, strategy=strategy, shards=self.owned(count))
-        self._even, self._resume_last = None, _saved_last(state, self._connect().rank)
+        self.executor.restore(datapipe, state, strategy=strategy, shards=self.owned(units), units=units,
+                              ranks=collective.world)
+        self._even, self._resume_last = None, _saved_last(state, collective.rank)
         return _Output(self)
 
     def progress(self) -> tuple[int, bool]:
@@ -310,16 +302,6 @@ class DistributedReadingService(ReadingServiceInterface):
         self._even = _EvenBatches(local, self._connect(), self.even_batches, self._resume_last)
         self._resume_last = None
         return self._even
-
-
-def _epoch_finished(state: ServiceCheckpoint) -> bool:
-    """Whether the saved epoch had ended: the policy ended it on every rank, or the loader had
-    taken the last sample of every logical shard."""
-    saved = [r.get("even_batches") for r in state.get("ranks", [])] or [state.get("even_batches")]
-    if any(record and record.get("ended") for record in saved):
-        return True
-    shards = [record for record in state.get("shards") or [] if record is not None]
-    return bool(shards) and all(shard_finished(record) for record in shards)
 
 
 def _saved_last(state: ServiceCheckpoint, rank: int) -> list[Any]:

@@ -161,7 +161,7 @@ class MultiProcessingReadingService(ShardedService):
 
     def validate(self, state: ServiceCheckpoint) -> list[str]:
         problems = super().validate(state)
-        saved = int(state["layout"]["logical_shards"])
+        saved = int(state["layout"].get("units", state["layout"]["logical_shards"]))
         if self.num_workers > saved:
             problems.append(f"the snapshot has {saved} logical shard(s), which cannot keep {self.num_workers} "
                             f"workers busy: each logical shard runs in one worker; use num_workers <= {saved}")

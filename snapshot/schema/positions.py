@@ -222,9 +222,12 @@ class ServiceState:
                     extra=f.extra())
         if state.service not in SHARDED_SERVICES and "logical_shards" not in state.layout:
             return state  # a service of the user's own: its layout is its business
-        _int(state.layout.get("logical_shards"), f"{where}.layout.logical_shards", minimum=1)
-        if len(state.shards) != state.layout["logical_shards"]:
-            raise _fail(f"{where}.shards", f"{state.layout['logical_shards']} records (one per logical shard)",
+        count = _int(state.layout.get("logical_shards"), f"{where}.layout.logical_shards", minimum=1)
+        units = _int(state.layout.get("units", count), f"{where}.layout.units", minimum=count)
+        if units % count:
+            raise _fail(f"{where}.layout.units", f"a multiple of logical_shards ({count})", f"{units}")
+        if len(state.shards) != units:
+            raise _fail(f"{where}.shards", f"{units} records (one per logical shard or sub-shard)",
                         f"{len(state.shards)}")
         return state
 

@@ -64,6 +64,7 @@ def split(state: Mapping[str, Any], units: int, topology: Topology, *, finished:
         levels = next(c["routers"][path].get("deal") for c in copies if path in (c.get("routers") or {}))
         moved[path] = _evening(Deal(saved, levels), starts[path], state["shards"], units, ranks)
     upstream = [_split_copy(copy, saved, units, starts, moved) for copy in copies]
+    _hand_over(upstream)
     shards = list(state["shards"]) + [_ended_like(state["shards"][sub % saved], sub) for sub in range(saved, units)]
     return {**state, "layout": {**layout, "units": units}, "upstream": upstream, "shards": shards,
             "merge": None, "ranks": [{**rank, "merge": None} for rank in state.get("ranks", [])]}
@@ -151,10 +152,22 @@ def _split_copy(copy: Mapping[str, Any], saved: int, units: int, starts: Mapping
                 queues[sub] = []
                 next_of[sub] = int(state["next"][shard] if shard in state["next"] else state["next"][str(shard)])
             for index, item in saved_queues[shard]:
-                queues[deal.unit(int(index))].append([index, item])
+                queues.setdefault(deal.unit(int(index)), []).append([index, item])
         routers[path] = {**state, "deal": deal.state(), "next": next_of, "queues": queues}
     subs = [sub for shard in owned for sub in range(shard, units, saved)]
     return {**copy, "shards": sorted(subs), "routers": routers}
+
+
+def _hand_over(copies: list[dict[str, Any]]) -> None:
+    """Queued samples moved to a unit another copy owns go to that copy's queue (in order)."""
+    owner = {int(s): copy for copy in copies for s in copy["shards"]}
+    for copy in copies:
+        mine = set(copy["shards"])
+        for path, state in copy["routers"].items():
+            for unit in [u for u in state["queues"] if u not in mine]:
+                queue = owner[unit]["routers"][path]["queues"][unit]
+                queue.extend(state["queues"].pop(unit))
+                queue.sort(key=lambda entry: int(entry[0]))
 
 
 def epoch_finished(state: Mapping[str, Any]) -> bool:

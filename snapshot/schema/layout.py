@@ -193,10 +193,12 @@ def _owners(value: Any, where: str) -> dict[str, Owner]:
 
 @dataclass(frozen=True)
 class ServiceLayout:
-    """The reading service: its class name, logical shards, workers, ranks and shard owners."""
+    """The reading service: its class name, logical shards (and the epoch's units, when they are
+    split into sub-shards), workers, ranks and the owners of the units."""
 
     name: str
     logical_shards: int | None = None
+    units: int | None = None
     workers: int | None = None
     ranks: int | None = None
     rank: int | None = None
@@ -208,20 +210,24 @@ class ServiceLayout:
         f = _Fields(value, where)
         layout = cls(name=f.get("name", _str, "?"),
                      logical_shards=f.get("logical_shards", lambda v, w: _int(v, w, minimum=1), None),
+                     units=f.get("units", lambda v, w: _int(v, w, minimum=1), None),
                      workers=f.get("workers", _int, None),
                      ranks=f.get("ranks", lambda v, w: _int(v, w, minimum=1), None),
                      rank=f.get("rank", _int, None),
                      owners=f.get("owners", _owners, {}),
                      extra=f.extra())
         if layout.logical_shards is not None:
+            units = layout.units or layout.logical_shards
+            if units % layout.logical_shards:
+                raise _fail(f"{where}.units", f"a multiple of logical_shards ({layout.logical_shards})", units)
             for key in layout.owners:
-                if int(key) >= layout.logical_shards:
-                    raise _fail(f"{where}.owners", f"logical shards below {layout.logical_shards}", key)
+                if int(key) >= units:
+                    raise _fail(f"{where}.owners", f"logical shards (or sub-shards) below {units}", key)
         return layout
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
-        for key in ("logical_shards", "workers", "ranks", "rank"):
+        for key in ("logical_shards", "units", "workers", "ranks", "rank"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         if self.owners:

@@ -145,10 +145,10 @@ class Manifest:
         return manifest
 
     def _check_shards(self) -> None:
-        count = self.service.logical_shards
+        count = self.service.units or self.service.logical_shards
         if count is not None and self.shards and len(self.shards) != count:
-            raise _fail("shards", f"one entry per logical shard ({count}, as service.logical_shards says)",
-                        f"{len(self.shards)} entries")
+            raise _fail("shards", f"one entry per logical shard or sub-shard ({count}, as service.units or "
+                        "service.logical_shards says)", f"{len(self.shards)} entries")
         paths = self.graph.paths()
         records: list[tuple[str, dict[str, NodePosition]]] = [
             (f"shards[{i}]", s.nodes) for i, s in enumerate(self.shards) if s is not None]

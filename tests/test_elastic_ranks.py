@@ -101,3 +101,39 @@ def test_without_a_policy_every_sample_once_exactly(tmp_path) -> None:
     assert Counter(x for r in resumed for x in r["rest"]) + Counter(x for s in seen for x in s) == EVERY
     for epoch in range(2):
         assert Counter(x for r in resumed for x in r["later"][epoch]) == EVERY
+
+
+def resumed_and_saved(rank: int, world: int, directory: str, again: str, at: int) -> list[Any]:
+    """The saved epoch resumed on ``world`` ranks, saved again after ``at`` more steps."""
+    with snapshot.DataLoader2(graph(), reading_service=service()) as loader:
+        loader.restore_snapshot(directory)
+        return train_epoch(loader, (at, again))[:at]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("then", [2, 5])
+def test_a_split_epoch_saved_again_restores_onto_a_third_number_of_ranks(tmp_path, then: int) -> None:
+    # 4 ranks (4 logical shards) -> 3 ranks (12 sub-shards) -> 2 ranks (12) or 5 ranks (60)
+    first, second = str(tmp_path / "first.snap"), str(tmp_path / "second.snap")
+    seen = run_ranks(4, first_run, first, 11, 0, pg_timeout=30)
+    middle = run_ranks(3, resumed_and_saved, first, second, 9, pg_timeout=30)
+    assert snapshot.read_manifest(second)["service"]["units"] == 12
+    resumed = run_ranks(then, resumed_run, second, 0, pg_timeout=30, timeout=180)
+    already = Counter(x for share in seen + middle for x in share)
+    _check_epoch([r["rest"] for r in resumed], already, then)
+    for epoch in range(2):
+        _check_epoch([r["later"][epoch] for r in resumed], Counter(), then)
+
+
+@pytest.mark.slow
+def test_pad_repeats_fewer_samples_than_ranks(tmp_path) -> None:
+    directory = str(tmp_path / "data.snap")
+    seen = run_ranks(4, first_run, directory, 17, 0, pg_timeout=30)
+    resumed = run_ranks(3, resumed_run, directory, 0, "pad", pg_timeout=30)
+    before = Counter(x for share in seen for x in share)
+    for shares, already in [([r["rest"] for r in resumed], before)] + \
+            [([r["later"][e] for r in resumed], Counter()) for e in range(2)]:
+        got = Counter(x for share in shares for x in share) + already
+        assert not EVERY - got, "a sample was lost"
+        assert sum((got - EVERY).values()) < 3, "pad repeated more than the residue"
+        assert len({len(share) for share in shares}) == 1

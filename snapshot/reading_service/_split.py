@@ -62,7 +62,7 @@ def split(state: Mapping[str, Any], units: int, topology: Topology, *, finished:
     if rebalance and not finished and len(starts) == 1:
         path = next(iter(starts))
         levels = next(c["routers"][path].get("deal") for c in copies if path in (c.get("routers") or {}))
-        moved[path] = _evening(Deal(saved, levels), starts[path], state["shards"], units, ranks)
+        moved[path] = _evening(Deal(saved, levels), path, starts[path], state["shards"], units, ranks)
     upstream = [_split_copy(copy, saved, units, starts, moved) for copy in copies]
     _hand_over(upstream)
     shards = list(state["shards"]) + [_ended_like(state["shards"][sub % saved], sub) for sub in range(saved, units)]
@@ -74,15 +74,17 @@ def split(state: Mapping[str, Any], units: int, topology: Topology, *, finished:
 _EVENING_LIMIT = 1 << 16
 
 
-def _evening(deal: Deal, starts: Mapping[int, int], records: list[Any], units: int, ranks: int) -> dict[int, int]:
+def _evening(deal: Deal, router: str, starts: Mapping[int, int], records: list[Any], units: int,
+             ranks: int) -> dict[int, int]:
     """The samples to move so that every rank has as many samples left in the epoch: those
-    already produced for a unit and saved with it (``in_flight``) count for the unit's rank."""
+    already produced for a unit and saved with it (``in_flight``) count for the unit's rank, as
+    many samples of the sharding point as each of the unit's outputs took (a batch of 4: 4)."""
     saved = deal.modulus
     waiting = [0] * ranks
     ended: set[int] = set()
     for unit, record in enumerate(records[:saved]):
         if record is not None:
-            waiting[unit % ranks] += len(record.get("in_flight") or [])
+            waiting[unit % ranks] += round(len(record.get("in_flight") or []) * _inputs_per_output(record, router))
             if record.get("exhausted"):
                 ended.update(range(unit, units, saved))
     first, last = min(starts.values()), max(starts.values())
@@ -156,6 +158,13 @@ def _split_copy(copy: Mapping[str, Any], saved: int, units: int, starts: Mapping
         routers[path] = {**state, "deal": deal.state(), "next": next_of, "queues": queues}
     subs = [sub for shard in owned for sub in range(shard, units, saved)]
     return {**copy, "shards": sorted(subs), "routers": routers}
+
+
+def _inputs_per_output(record: Mapping[str, Any], router: str) -> float:
+    """How many samples of the sharding point a unit's output took, on average so far."""
+    read = int(((record.get("nodes") or {}).get(router) or {}).get("yielded") or 0)
+    produced = record.get("produced")
+    return read / produced if isinstance(produced, int) and produced > 0 and read else 1.0
 
 
 def _hand_over(copies: list[dict[str, Any]]) -> None:

@@ -194,9 +194,11 @@ class ShardedService(ReadingServiceInterface):
         return []
 
     def restore(self, datapipe: Any, state: ServiceCheckpoint, *, strategy: Any = RestoreStrategy.AUTO,
-                shards: Sequence[int] | None = None, units: int | None = None, ranks: int = 1) -> _Output:
+                shards: Sequence[int] | None = None, units: int | None = None, ranks: int = 1,
+                ahead: Sequence[int] = ()) -> _Output:
         """Continue from ``state``, running ``shards`` of ``units`` (default: all the saved units;
-        more units split the saved ones, see :mod:`._split`) as one of ``ranks`` ranks."""
+        more units split the saved ones, see :mod:`._split`) as one of ``ranks`` ranks, whose
+        callers hand out ``ahead`` outputs (per rank) before the restored streams."""
         if not state:
             if self._executor is None:
                 self.initialize(datapipe)
@@ -216,7 +218,7 @@ class ShardedService(ReadingServiceInterface):
             _log.info("re-sharding: the saved %d unit(s) of %d logical shard(s) run as %d on %d rank(s)", saved_units,
                       count, units, ranks)
             state = split(state, units, analyze(self._require()[1]), finished=epoch_finished(state), ranks=ranks,
-                          rebalance=rebalance)
+                          rebalance=rebalance, ahead=ahead)
         saved_workers, workers = int(state["layout"].get("workers", 0)), int(self._layout()["workers"])
         if saved_workers != workers:
             _log.info("re-sharding: %d logical shard(s) saved with %d worker(s) per rank now run on %d "

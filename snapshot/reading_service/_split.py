@@ -16,7 +16,7 @@ samples ``i = u mod M'`` (``M' = lcm(M, R')``); its new sub-units take the other
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from snapshot.errors import LayoutError
@@ -39,7 +39,7 @@ def restore_units(saved_units: int, ranks: int) -> int:
 
 
 def split(state: Mapping[str, Any], units: int, topology: Topology, *, finished: bool, ranks: int = 1,
-          rebalance: bool = False) -> dict[str, Any]:
+          rebalance: bool = False, ahead: Sequence[int] = ()) -> dict[str, Any]:
     """``state`` (a sharded service's checkpoint) with its units split into ``units``.
 
     Each unit keeps its record and the samples its sub-deal gives it; the new sub-units start
@@ -47,7 +47,8 @@ def split(state: Mapping[str, Any], units: int, topology: Topology, *, finished:
     receive the samples of their parent unit that no one had read. Router queues are dealt
     again. With ``rebalance`` (a mid-epoch restore onto another number of ``ranks``), the first
     samples that no one had read go to the ranks with the fewest samples already waiting for
-    them, so the ranks' shares of the rest of the epoch are equal. Refused where a unit's
+    them (``ahead``: outputs each rank's caller hands out first), so the ranks' shares of the
+    rest of the epoch are equal. Refused where a unit's
     remaining samples cannot be split at a router.
     """
     layout = state["layout"]
@@ -62,7 +63,7 @@ def split(state: Mapping[str, Any], units: int, topology: Topology, *, finished:
     if rebalance and not finished and len(starts) == 1:
         path = next(iter(starts))
         levels = next(c["routers"][path].get("deal") for c in copies if path in (c.get("routers") or {}))
-        moved[path] = _evening(Deal(saved, levels), path, starts[path], state["shards"], units, ranks)
+        moved[path] = _evening(Deal(saved, levels), path, starts[path], state["shards"], units, ranks, ahead)
     upstream = [_split_copy(copy, saved, units, starts, moved) for copy in copies]
     _hand_over(upstream)
     shards = list(state["shards"]) + [_ended_like(state["shards"][sub % saved], sub) for sub in range(saved, units)]
@@ -75,7 +76,7 @@ _EVENING_LIMIT = 1 << 16
 
 
 def _evening(deal: Deal, router: str, starts: Mapping[int, int], records: list[Any], units: int,
-             ranks: int) -> dict[int, int]:
+             ranks: int, ahead: Sequence[int] = ()) -> dict[int, int]:
     """The samples to move so that every rank has as many samples left in the epoch: those
     already produced for a unit and saved with it (``in_flight``) count for the unit's rank, as
     many samples of the sharding point as each of the unit's outputs took (a batch of 4: 4)."""
@@ -87,6 +88,10 @@ def _evening(deal: Deal, router: str, starts: Mapping[int, int], records: list[A
             waiting[unit % ranks] += round(len(record.get("in_flight") or []) * _inputs_per_output(record, router))
             if record.get("exhausted"):
                 ended.update(range(unit, units, saved))
+    if any(ahead):
+        ratios = [_inputs_per_output(r, router) for r in records[:saved] if r is not None and r.get("produced")]
+        ratio = sum(ratios) / len(ratios) if ratios else 1.0
+        waiting = [n + round(a * ratio) for n, a in zip(waiting, list(ahead) + [0] * ranks)]
     first, last = min(starts.values()), max(starts.values())
     if last - first > _EVENING_LIMIT:
         return {}

@@ -41,6 +41,7 @@ from snapshot.graph import Graph
 from snapshot.multipart import distributed_manifest, part_info
 from snapshot.plan import RestoreStrategy
 from snapshot.randomness import SeedGenerator
+from snapshot.reading_service._even import EvenBatches, First, saved_first, saved_last
 from snapshot.reading_service._sharded import ShardedService, resolve_logical_shards
 from snapshot.reading_service._split import epoch_units, restore_units
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint
@@ -172,12 +173,16 @@ class DistributedReadingService(ReadingServiceInterface):
         self.even_batches = even_batches
         self.executor: ShardedService = executor if executor is not None else InProcessReadingService()
         self._collective: Collective | None = None
-        self._even: _EvenBatches | None = None  # the current epoch's (with a policy)
+        self._even: EvenBatches | None = None  # the current epoch's (with a policy)
         self._resume_last: list[Any] | None = None  # what "pad" repeats, from a restored snapshot
+        self._first: list[Any] = []  # what this rank hands out before the restored stream
+        self._stream: Iterator[Any] | None = None  # this epoch's local stream
+        self._pending_first: list[Any] = []  # given by hand_out_first() for the next restore
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_collective=None, _even=None, _resume_last=None)
+        state.update(_collective=None, _even=None, _resume_last=None, _first=[], _pending_first=[],
+                     _stream=None)
         return state
 
     @property
@@ -194,6 +199,13 @@ class DistributedReadingService(ReadingServiceInterface):
             group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.timeout))
             self._collective = Collective(group, dist.get_rank(), dist.get_world_size(), self.timeout)
         return self._collective
+
+    def hand_out_first(self, items: list[Any]) -> None:
+        """Before a restore: yield ``items`` on this rank before the restored stream (batches a
+        trainer's fetcher had taken ahead of the saved step, say), under the ``even_batches``
+        policy like every other sample. A restore onto another number of ranks counts them when
+        it evens out the ranks' shares; a snapshot taken before they are all yielded keeps the rest."""
+        self._pending_first = list(items)
 
     def owned(self, count: int) -> list[int]:
         collective = self._connect()
@@ -231,7 +243,7 @@ class DistributedReadingService(ReadingServiceInterface):
         states = collective.all_gather(seed_generator.state(), "checking the epoch's seeds")
         if any(state != states[0] for state in states):
             seed_generator.set_state(states[0])  # rank 0's seeds drive every rank
-        self._even, self._resume_last = None, None
+        self._even, self._resume_last, self._first, self._stream = None, None, [], None
         executor = self.executor
         units = epoch_units(executor._count, collective.world)
         if executor._graph is not None and executor._units != units:  # the epoch after a split restore
@@ -259,7 +271,9 @@ class DistributedReadingService(ReadingServiceInterface):
             state["service"] = type(self).__name__
             state["layout"] = {**state["layout"], "ranks": collective.world, "rank": collective.rank,
                                "even_batches": self.even_batches}
-            state["even_batches"] = self._even.state() if self._even is not None else _EvenBatches.initial()
+            record = self._even.state() if self._even is not None else EvenBatches.initial()
+            record["first"] = list(self._stream.items) if isinstance(self._stream, First) else list(self._first)
+            state["even_batches"] = record
         return state
 
     def validate(self, state: ServiceCheckpoint) -> list[str]:
@@ -287,9 +301,13 @@ class DistributedReadingService(ReadingServiceInterface):
                       saved, saved_ranks, units, collective.world, collective.rank, self.owned(units))
         if self.executor._executor is None:
             datapipe = self.executor._prepare(datapipe)
+        first = saved_first(state, collective.rank, collective.world) + self._pending_first
+        self._pending_first = []
+        ahead = collective.all_gather(len(first), "agreeing on the samples handed out before the stream") \
+            if saved_ranks != collective.world else [len(first)] * collective.world
         self.executor.restore(datapipe, state, strategy=strategy, shards=self.owned(units), units=units,
-                              ranks=collective.world)
-        self._even, self._resume_last = None, _saved_last(state, collective.rank)
+                              ranks=collective.world, ahead=ahead)
+        self._even, self._resume_last, self._first = None, saved_last(state, collective.rank), first
         return _Output(self)
 
     def progress(self) -> tuple[int, bool]:
@@ -297,77 +315,14 @@ class DistributedReadingService(ReadingServiceInterface):
 
     def stream(self) -> Iterator[Any]:
         local = self.executor.stream()
+        if self._first:
+            local, self._first = First(self._first, local), []
+        self._stream = local
         if self.even_batches is None:
             return local
-        self._even = _EvenBatches(local, self._connect(), self.even_batches, self._resume_last)
+        self._even = EvenBatches(local, self._connect(), self.even_batches, self._resume_last)
         self._resume_last = None
         return self._even
-
-
-def _saved_last(state: ServiceCheckpoint, rank: int) -> list[Any]:
-    """The sample ``"pad"`` repeats on ``rank`` after a restore: the one this rank saved; after a
-    restore onto another number of ranks, one that a saved rank had (its own number first)."""
-    saved = [r.get("even_batches") for r in state.get("ranks", [])] or [state.get("even_batches")]
-    order = ([rank] if rank < len(saved) else []) + [r for r in range(len(saved)) if r != rank]
-    for index in order:
-        record = saved[index]
-        if record and record.get("last"):
-            return list(record["last"])
-    return []
-
-
-class _EvenBatches(Iterator[Any]):
-    """Every rank yields the same number of samples (see ``even_batches``).
-
-    ``last`` is the last sample this rank's share yielded (``[]`` or ``[sample]``): ``"pad"``
-    repeats it once the share runs out, so it is part of the snapshot.
-    """
-
-    def __init__(self, local: Iterator[Any], collective: Collective, policy: str, last: list[Any] | None = None):
-        self.local = local
-        self.collective = collective
-        self.policy = policy
-        self.last: list[Any] = list(last or [])
-        self.padded = 0
-        self.done = False
-
-    @staticmethod
-    def initial() -> dict[str, Any]:
-        return {"last": [], "padded": 0}
-
-    def state(self) -> dict[str, Any]:
-        return {"last": list(self.last) if self.policy == "pad" else [], "padded": self.padded, "ended": self.done}
-
-    def __iter__(self) -> _EvenBatches:
-        return self
-
-    def __next__(self) -> Any:
-        if self.done:
-            raise StopIteration
-        try:
-            item, has = next(self.local), 1
-        except StopIteration:
-            item, has = None, 0
-        if self.policy == "drop":
-            everyone = self.collective.all_reduce_min(has, "agreeing on the end of the epoch")
-            if not everyone:
-                self.done = True
-                raise StopIteration
-            return item
-        anyone = self.collective.all_reduce_max(has, "agreeing on the end of the epoch")
-        if not anyone:
-            self.done = True
-            raise StopIteration
-        if has:
-            self.last = [item]
-            return item
-        if not self.last:
-            raise RankError(
-                f"rank {self.collective.rank} has no sample at all to pad its share with (even_batches=\"pad\" "
-                "repeats a rank's last sample): give the graph at least one sample per rank, or use "
-                "even_batches=\"drop\"")
-        self.padded += 1
-        return self.last[0]
 
 
 class _Output:

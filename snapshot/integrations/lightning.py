@@ -182,13 +182,14 @@ class LightningLoader:
                 f"{_FORMAT_VERSION}); a bare DataLoader2's state dict goes to DataLoader2.load_state_dict()")
         per_rank: list[list[Any]] = pickle.loads(state[PENDING])
         rank, world = _rank_and_world(self.loader)
-        pending = _deal(per_rank, rank, world)
+        pending: list[Any] = []
         hand_out_first = getattr(self.loader.reading_service, "hand_out_first", None)
-        if len(per_rank) != world and hand_out_first is not None:
-            # through the loader, so that the ranks' shares are evened out around them and its
-            # even_batches policy counts them: every rank takes the same number of steps
-            hand_out_first(pending)
-            pending = []
+        if len(per_rank) == world:
+            pending = list(per_rank[rank])
+        elif hand_out_first is None:  # one process: it takes them all
+            pending = [batch for saved in per_rank for batch in saved]
+        else:  # through the loader: its restore evens out the rest of the epoch around them, and its
+            hand_out_first(per_rank)  # even_batches policy counts them: every rank takes as many steps
         self.loader.load_state_dict(state[LOADER])
         self._pending = deque(pending)
         self._handed = int(state[CONSUMED])
@@ -210,22 +211,6 @@ def _rank_and_world(loader: snapshot.DataLoader2[Any]) -> tuple[int, int]:
     if not dist.is_available() or not dist.is_initialized():
         return 0, 1
     return dist.get_rank(), dist.get_world_size()
-
-
-def _deal(per_rank: list[list[Any]], rank: int, world: int) -> list[Any]:
-    """This rank's share of the batches every saved rank's fetcher had taken ahead.
-
-    On the same number of ranks, each rank gets its own back. On another number, the batches
-    (in saved rank order) are dealt in runs as equal as they can be; the loader's restore counts
-    them when it evens out the ranks' shares of the rest of the epoch, so every rank still takes
-    the same number of steps.
-    """
-    if len(per_rank) == world:
-        return list(per_rank[rank])
-    batches = [batch for saved in per_rank for batch in saved]
-    share, extra = divmod(len(batches), world)
-    start = rank * share + min(rank, extra)
-    return batches[start:start + share + (1 if rank < extra else 0)]
 
 
 def _gather(pending: list[Any], loader: snapshot.DataLoader2[Any]) -> list[list[Any]]:

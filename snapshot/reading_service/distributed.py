@@ -41,7 +41,7 @@ from snapshot.graph import Graph
 from snapshot.multipart import distributed_manifest, part_info
 from snapshot.plan import RestoreStrategy
 from snapshot.randomness import SeedGenerator
-from snapshot.reading_service._even import EvenBatches, First, saved_first, saved_last
+from snapshot.reading_service._even import EvenBatches, First, deal, saved_first, saved_last
 from snapshot.reading_service._sharded import ShardedService, resolve_logical_shards
 from snapshot.reading_service._split import epoch_units, restore_units
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint
@@ -177,7 +177,7 @@ class DistributedReadingService(ReadingServiceInterface):
         self._resume_last: list[Any] | None = None  # what "pad" repeats, from a restored snapshot
         self._first: list[Any] = []  # what this rank hands out before the restored stream
         self._stream: Iterator[Any] | None = None  # this epoch's local stream
-        self._pending_first: list[Any] = []  # given by hand_out_first() for the next restore
+        self._pending_first: list[list[Any]] = []  # given by hand_out_first() for the next restore
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -200,12 +200,14 @@ class DistributedReadingService(ReadingServiceInterface):
             self._collective = Collective(group, dist.get_rank(), dist.get_world_size(), self.timeout)
         return self._collective
 
-    def hand_out_first(self, items: list[Any]) -> None:
-        """Before a restore: yield ``items`` on this rank before the restored stream (batches a
-        trainer's fetcher had taken ahead of the saved step, say), under the ``even_batches``
-        policy like every other sample. A restore onto another number of ranks counts them when
-        it evens out the ranks' shares; a snapshot taken before they are all yielded keeps the rest."""
-        self._pending_first = list(items)
+    def hand_out_first(self, per_rank: list[list[Any]]) -> None:
+        """Before a restore: samples the saved ranks are to yield before their restored streams
+        (batches that a trainer's fetcher had taken ahead of the saved step, say), one list per
+        saved rank, the same on every rank. Each rank yields its share of them first, under the
+        ``even_batches`` policy like every other sample: its own list on the same number of ranks,
+        else the lists dealt as evenly as they can be, and the restore evens out the rest of the
+        epoch around them. A snapshot taken before they are all yielded keeps the rest."""
+        self._pending_first = [list(items) for items in per_rank]
 
     def owned(self, count: int) -> list[int]:
         collective = self._connect()
@@ -301,8 +303,10 @@ class DistributedReadingService(ReadingServiceInterface):
                       saved, saved_ranks, units, collective.world, collective.rank, self.owned(units))
         if self.executor._executor is None:
             datapipe = self.executor._prepare(datapipe)
-        first = saved_first(state, collective.rank, collective.world) + self._pending_first
-        self._pending_first = []
+        first = saved_first(state, collective.rank, collective.world)
+        if self._pending_first:
+            first += deal(self._pending_first, collective.rank, collective.world)
+            self._pending_first = []
         ahead = collective.all_gather(len(first), "agreeing on the samples handed out before the stream") \
             if saved_ranks != collective.world else [len(first)] * collective.world
         self.executor.restore(datapipe, state, strategy=strategy, shards=self.owned(units), units=units,

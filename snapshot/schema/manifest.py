@@ -147,8 +147,10 @@ class Manifest:
     def _check_shards(self) -> None:
         count = self.service.units or self.service.logical_shards
         if count is not None and self.shards and len(self.shards) != count:
-            raise _fail("shards", f"one entry per logical shard or sub-shard ({count}, as service.units or "
-                        "service.logical_shards says)", f"{len(self.shards)} entries")
+            what = "logical shard" if self.service.units is None else "logical shard or sub-shard"
+            source = "logical_shards" if self.service.units is None else "units"
+            raise _fail("shards", f"one entry per {what} ({count}, as service.{source} says)",
+                        f"{len(self.shards)} entries")
         paths = self.graph.paths()
         records: list[tuple[str, dict[str, NodePosition]]] = [
             (f"shards[{i}]", s.nodes) for i, s in enumerate(self.shards) if s is not None]

@@ -115,8 +115,11 @@ def load(src: Any, *, key: bytes | str | None = None) -> Snapshot:
                 raise CorruptSnapshotError(
                     f"the state dict's index lists {len(container.info.parts)} parts but its payload holds "
                     f"{len(blobs)}", source=source)
-            parts = [load(part, key=key) for part in blobs]
-            return merge_parts(container.manifest, parts)
+            containers = [format.unpack(blob, source=f"{source}: {entry.file}", key=key)
+                          for entry, blob in zip(container.info.parts, blobs)]
+            for entry, part in zip(container.info.parts, containers):
+                multipart.check_part(container.info, entry, part.info, source=source)
+            return merge_parts(container.manifest, [_decode(part, source) for part in containers])
     elif isinstance(src, (bytes, bytearray, memoryview)):
         container = format.unpack(bytes(src), source="<bytes>", key=key)
         source = "<bytes>"

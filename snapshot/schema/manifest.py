@@ -10,6 +10,7 @@ from typing import Any
 from snapshot.errors import ManifestError
 from snapshot.schema._fields import (
     FORMAT_VERSION,
+    SHARDED_SERVICES,
     _counts,
     _fail,
     _Fields,
@@ -246,6 +247,8 @@ class Manifest:
             ("randomness.seed_source", self.randomness.seed_source, source_of_seed),
         ]
         service = state.service
+        if service is not None and self.service.name in SHARDED_SERVICES:  # else a wrapper (sequential) or the user's
+            pairs.append(("service.name", self.service.name, service.service))
         layout = {} if service is None else \
             ServiceLayout.from_dict({"name": self.service.name, **service.layout}, "state.service.layout").layout
         pairs.append(("service", self.service.layout, layout))

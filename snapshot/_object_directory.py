@@ -70,8 +70,9 @@ def save_directory(collective: Any, part: bytes, manifest: dict[str, Any], dest:
     url = dest.rstrip("/")
     token = collective.broadcast(uuid.uuid4().hex[:12], "agreeing on a snapshot prefix")
     error = None
-    pieces = stamp(part, token, key=key)  # the part carries the id of this save, as the index does
+    pieces = [part]
     try:
+        pieces = stamp(part, token, key=key)  # the part carries the id of this save, as the index does
         _storage.write_bytes(f"{url}/{token}/rank-{collective.rank:05d}.snap", pieces)
     except SnapshotError as exc:
         error = str(exc)

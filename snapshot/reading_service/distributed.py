@@ -117,10 +117,11 @@ class Collective:
     def _save_parts(self, directory: str, part: bytes, manifest: dict[str, Any], dest: Any,
                     key: bytes | str | None, token: str) -> None:
         error = None
-        pieces = multipart.stamp(part, token, key=key)  # the part carries the id of this save, as the index
+        pieces = [part]
         try:
+            pieces = multipart.stamp(part, token, key=key)  # the part carries the id of this save, as the index
             _atomic.atomic_write(os.path.join(directory, multipart.part_name(self.rank)), pieces)
-        except OSError as exc:
+        except (OSError, SnapshotError) as exc:
             error = f"{type(exc).__name__}: {exc}"
         info = {**part_info(self.rank, manifest, pieces), "error": error}
         infos = self.all_gather(info, "writing the parts of a snapshot")

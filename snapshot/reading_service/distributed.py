@@ -110,19 +110,21 @@ class Collective:
         token = self.broadcast(uuid.uuid4().hex[:12], "agreeing on a snapshot directory")
         directory = multipart.staging(os.fspath(dest), token)
         try:
-            self._save_parts(directory, part, manifest, dest, key)
+            self._save_parts(directory, part, manifest, dest, key, token)
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise
 
     def _save_parts(self, directory: str, part: bytes, manifest: dict[str, Any], dest: Any,
-                    key: bytes | str | None) -> None:
+                    key: bytes | str | None, token: str) -> None:
         error = None
+        pieces = [part]
         try:
-            _atomic.atomic_write(os.path.join(directory, multipart.part_name(self.rank)), part)
-        except OSError as exc:
+            pieces = multipart.stamp(part, token, key=key)  # the part carries the id of this save, as the index
+            _atomic.atomic_write(os.path.join(directory, multipart.part_name(self.rank)), pieces)
+        except (OSError, SnapshotError) as exc:
             error = f"{type(exc).__name__}: {exc}"
-        info = {**part_info(self.rank, manifest, part), "error": error}
+        info = {**part_info(self.rank, manifest, pieces), "error": error}
         infos = self.all_gather(info, "writing the parts of a snapshot")
         failed = [i for i in infos if i["error"]]
         if failed:
@@ -131,7 +133,7 @@ class Collective:
         if self.rank == 0:
             try:
                 _atomic.atomic_write(os.path.join(directory, multipart.MANIFEST),
-                                    format.pack(distributed_manifest(infos), b"", key=key))
+                                    format.pack(distributed_manifest(infos, save=token), b"", key=key))
                 multipart.commit(os.fspath(dest), directory)
                 error = None
             except (OSError, SnapshotError) as exc:

@@ -148,5 +148,7 @@ def _node_lines(row: TreeRow, width: int) -> list[str]:
         cut = room if cut <= 0 else cut + 1
         lines.append(first + name[:cut])
         name, first = name[cut:], _INDENT + row.below + "   "
-        room = max(width - len(first), 12)
+        if width - len(first) < 12:  # under a tree too deep to go on under the node: at the margin
+            first = _INDENT + "   "
+        room = width - len(first)
     return [*lines, first + name]

@@ -145,8 +145,10 @@ class MultiProcessingReadingService(ShardedService):
             workers = 1
         if workers > len(shards):
             raise LayoutError(
-                f"{workers} workers cannot share {len(shards)} logical shard(s): each shard runs in one worker. "
-                f"Use num_workers <= {len(shards)}, or (on a first run) logical_shards >= num_workers.")
+                f"{workers} workers cannot share {len(shards)} logical shard(s): each logical shard runs in one "
+                f"worker, so at most {len(shards)} workers run here (W' <= L; L is fixed by a stream's first run, by "
+                f"default to its num_workers). Use num_workers <= {len(shards)}, or (on a first run) "
+                f"logical_shards >= num_workers: a larger L leaves room to add workers on a later restore.")
         self._running = workers
         dispatcher = Dispatcher(graph, topology, count, shards, global_rng=self.global_rng) \
             if topology.dispatchers else None
@@ -164,5 +166,8 @@ class MultiProcessingReadingService(ShardedService):
         saved = int(state["layout"].get("units", state["layout"]["logical_shards"]))
         if self.num_workers > saved:
             problems.append(f"the snapshot has {saved} logical shard(s), which cannot keep {self.num_workers} "
-                            f"workers busy: each logical shard runs in one worker; use num_workers <= {saved}")
+                            f"workers busy: each logical shard runs in one worker, so a restore runs at most "
+                            f"{saved} workers (W' <= L; L was fixed by the stream's first run, by default to its "
+                            f"num_workers); use num_workers <= {saved}. To add workers later, start a stream with "
+                            f"logical_shards= above its num_workers (for example 8)")
         return problems

@@ -23,6 +23,7 @@ from snapshot.reading_service._engine import ShardEngine
 from snapshot.reading_service._merge import RoundRobin, merge_state_for, service_state
 from snapshot.reading_service._recombine import parts, recombine
 from snapshot.reading_service._rng import GlobalRNG
+from snapshot.reading_service._worker_reset import same_layout_problems
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint
 from snapshot.sharding import Topology, WorkerInfo, analyze
 
@@ -178,11 +179,16 @@ class ShardedService(ReadingServiceInterface):
 
     def validate(self, state: ServiceCheckpoint) -> list[str]:
         saved = int(state["layout"]["logical_shards"])
+        problems = same_layout_problems(state["layout"], self._reset_layout())
         if self.logical_shards is not None and self.logical_shards != saved:
-            return [f"the snapshot has {saved} logical shards but this service asks for logical_shards="
-                    f"{self.logical_shards}; the number of logical shards is fixed by the first run (leave "
-                    "logical_shards unset to take the saved value)"]
-        return []
+            problems.append(f"the snapshot has {saved} logical shards but this service asks for logical_shards="
+                            f"{self.logical_shards}; the number of logical shards is fixed by the first run (leave "
+                            "logical_shards unset to take the saved value)")
+        return problems
+
+    def _reset_layout(self) -> dict[str, Any] | None:
+        """The ``worker_reset_fn`` a restore would call, if any (see :mod:`._worker_reset`)."""
+        return None
 
     def restore(self, datapipe: Any, state: ServiceCheckpoint, *, strategy: Any = RestoreStrategy.AUTO,
                 shards: Sequence[int] | None = None) -> _Output:

@@ -24,12 +24,13 @@ from typing import Any
 
 from snapshot import _serialization
 from snapshot._warnings import user_stacklevel
-from snapshot.errors import LayoutError, SnapshotError
+from snapshot.errors import LayoutError
 from snapshot.graph import Graph
 from snapshot.reading_service._dispatch import Dispatcher
 from snapshot.reading_service._pool import WorkerPool
 from snapshot.reading_service._rng import GlobalRNG
 from snapshot.reading_service._sharded import Executor, LocalExecutor, ShardedService
+from snapshot.reading_service._worker_reset import RESET_FN, callable_name
 from snapshot.reading_service.base import ServiceCheckpoint
 from snapshot.sharding import Topology, WorkerInfo, analyze
 
@@ -39,7 +40,8 @@ class MultiProcessingReadingService(ShardedService):
     """Load with ``num_workers`` processes; exact snapshots; restore onto any worker count <= L.
 
     Compared with torchdata 0.9's service of the same name: the arguments after
-    ``num_workers`` are keyword-only; ``worker_reset_fn`` is refused (see below); and since
+    ``num_workers`` are keyword-only; a ``worker_reset_fn`` ties snapshots to the layout (see
+    below); and since
     samples are dealt to logical shards, not to workers, the stream of a graph with random
     pipes below the sharding point differs from torchdata's (it is instead the same for any
     number of workers).
@@ -63,12 +65,16 @@ class MultiProcessingReadingService(ShardedService):
         main_prefetch_cnt: torchdata 0.9's main-process prefetch; not needed (samples queue in
             the pipes), kept as an attribute and ignored, with a warning when above 0.
         worker_reset_fn: torchdata 0.9's per-epoch hook ``fn(datapipe, worker_info,
-            seed_generator)``; refused with a :class:`~snapshot.SnapshotError`. It reseeds or
-            rebuilds each worker's graph outside the engine, per *worker*, so the stream would
-            depend on the number of workers and a snapshot could not reproduce it. The loader
-            already reseeds every random pipe each epoch from ``DataLoader2.seed()``; call
-            ``seed(s)`` before each epoch to repeat an order, and use ``worker_init_fn`` for
-            per-worker set-up.
+            seed_generator)``, called in each worker at the start of each epoch on each of its
+            shards' copies of the graph, after the engine seeded it, with a
+            :class:`~snapshot.SeedGenerator` spawned for the worker from the epoch's seeds. It
+            changes the graph in place (reseeds pipes, sets attributes) and returns it or
+            ``None``. Since it sees workers, the stream may then depend on the number of
+            workers: a snapshot records the layout and restores only onto the same one (same
+            ``num_workers``, logical shards and ranks; another layout is refused with a
+            :class:`~snapshot.LayoutError`). A restore calls it again with the generator of the
+            saved epoch before the saved states are installed. With ``num_workers=0`` it is not
+            called, as in torchdata 0.9 (use ``InProcessReadingService(reset_fn=...)``).
     """
 
     def __init__(
@@ -85,13 +91,6 @@ class MultiProcessingReadingService(ShardedService):
         main_prefetch_cnt: int | None = None,
         worker_reset_fn: Callable[[Any, WorkerInfo, Any], Any] | None = None,
     ) -> None:
-        if worker_reset_fn is not None:
-            raise SnapshotError(
-                "MultiProcessingReadingService(worker_reset_fn=...) is not supported: it would reseed or "
-                "rebuild each worker's graph behind the engine's back, per worker, so the stream would "
-                "depend on num_workers and snapshots could not reproduce it. Every random pipe is already "
-                "reseeded each epoch from DataLoader2.seed() (call dl.seed(s) before an epoch to repeat its "
-                "order); use worker_init_fn=fn(datapipe, worker_info) for per-worker set-up.")
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         if multiprocessing_context is not None and multiprocessing_context not in mp.get_all_start_methods():
@@ -108,6 +107,11 @@ class MultiProcessingReadingService(ShardedService):
         self.main_prefetch_cnt = main_prefetch_cnt or 0
         self.multiprocessing_context = multiprocessing_context
         self.worker_init_fn = worker_init_fn
+        self.worker_reset_fn = worker_reset_fn
+        if worker_reset_fn is not None and num_workers == 0:
+            warnings.warn("worker_reset_fn is not called with num_workers=0 (as in torchdata 0.9): there are no "
+                          "workers; use InProcessReadingService(reset_fn=...) to reset the graph each epoch",
+                          stacklevel=2)
         self.timeout = timeout
         self._running = 0
 
@@ -153,11 +157,15 @@ class MultiProcessingReadingService(ShardedService):
         return WorkerPool(context=self._context(), template=template, topology=topology, count=count,
                           shards=shards, num_workers=workers, init_fn=self.worker_init_fn,
                           global_rng=self.global_rng, timeout=self.timeout, prefetch=self.prefetch_factor,
-                          dispatcher=dispatcher, dispatched=analyze(graph).dispatched, buffer_state=self.buffer_state)
+                          dispatcher=dispatcher, dispatched=analyze(graph).dispatched, buffer_state=self.buffer_state,
+                          reset_fn=self.worker_reset_fn)
 
     def _layout(self) -> dict[str, Any]:
         assignment = {str(s): i % max(self._running, 1) for i, s in enumerate(self._owned)}
-        return {"logical_shards": self._count, "workers": self._running, "ranks": 1, "owners": assignment}
+        layout = {"logical_shards": self._count, "workers": self._running, "ranks": 1, "owners": assignment}
+        if self.worker_reset_fn is not None and self._running:
+            layout[RESET_FN] = self._reset_layout()
+        return layout
 
     def validate(self, state: ServiceCheckpoint) -> list[str]:
         problems = super().validate(state)
@@ -166,3 +174,9 @@ class MultiProcessingReadingService(ShardedService):
             problems.append(f"the snapshot has {saved} logical shard(s), which cannot keep {self.num_workers} "
                             f"workers busy: each logical shard runs in one worker; use num_workers <= {saved}")
         return problems
+
+    def _reset_layout(self) -> dict[str, Any] | None:
+        """The ``worker_reset_fn`` a restore would call, and in how many workers."""
+        if self.worker_reset_fn is None or self.num_workers == 0:
+            return None
+        return {"function": callable_name(self.worker_reset_fn), "num_workers": self.num_workers}

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import functools
 import os
+import random
 from typing import Any
 
 import pytest
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter import Batcher, IterableWrapper, Mapper, ShardingFilter, Shuffler, Zipper
+from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 
 import snapshot
 from snapshot import InProcessReadingService, ShardingError
@@ -22,6 +24,7 @@ from snapshot.testing import Cut, assert_resumes_exactly, first_difference
 from tests.test_dispatch import NonReplicable
 
 L = 2
+MP = SHARDING_PRIORITIES.MULTIPROCESSING
 
 
 class RunningSum(IterDataPipe):
@@ -197,3 +200,34 @@ def test_the_snapshot_counts_what_the_tail_read_from_the_merge() -> None:
         state = _after(loader, 2).state["service"]
     merged = state["tail"]["nodes"]["0/datapipe/datapipe/datapipe"]["yielded"]
     assert merged == sum(int(n) for n in state["merge"]["consumed"].values()) > 0
+
+
+def dispatched_tail(n: int = 27) -> Any:
+    """Dispatched (above the split: once), a map per shard, then a stateful tail (once, over the merge)."""
+    above = Shuffler(IterableWrapper(range(n)), buffer_size=6).sharding_round_robin_dispatch(MP)
+    return Batcher(RunningSum(Mapper(above, _double)), batch_size=2)
+
+
+def test_a_tail_below_a_dispatcher_restores_exactly_onto_another_worker_count() -> None:
+    assert_resumes_exactly(dispatched_tail, reading_service=workers(2), restore_service=workers(1), epochs=2,
+                           cuts=[Cut(0, 2), Cut(0, 7, then=9), Cut(1, 4)], strategies=("auto", "fast_forward"),
+                           via_file=False)
+
+
+def _noisy(x: Any) -> tuple[Any, int]:
+    return x, random.randint(0, 10**6)
+
+
+def random_tail(n: int = 23) -> Any:
+    """A tail that draws from the global ``random`` generator (isolated and saved with workers)."""
+    return Mapper(RunningSum(_shards(n)), _noisy)
+
+
+def hookless_random_tail(n: int = 23) -> Any:
+    return Mapper(NonReplicable(_shards(n)), _noisy)
+
+
+@pytest.mark.parametrize("factory", [random_tail, hookless_random_tail], ids=lambda f: f.__name__)
+def test_a_tail_drawing_from_the_global_generators_restores_exactly(factory: Any) -> None:
+    assert_resumes_exactly(factory, reading_service=workers(2), restore_service=workers(0), epochs=2,
+                           cuts=[Cut(0, 3), Cut(0, 10, then=15), Cut(1, 6)], via_file=False)

@@ -116,15 +116,15 @@ class Tail(Iterator[Any]):
                           "the epoch restarts and %d samples of it are replayed",
                           int(records.get(ROOT, {}).get("yielded") or 0))
         caller = raw_rng() if self.isolate else None
-        if self.isolate:
-            plain = (saved or {}).get("rng")
-            set_raw_rng(raw_from_plain(plain) if plain and not restarted else seeded_rng(_rng_seed(seeds)))
+        if self.isolate:  # a replay starts from the epoch's generator states, then the saved ones apply
+            set_raw_rng(seeded_rng(_rng_seed(seeds)))
         try:
             self._run = Run(self.graph, own, ports={self.merge_point: port}, records=records, plan=plan,
                             buffer_state=self.buffer_state)
         finally:
             if caller is not None:
-                self._rng = raw_rng()
+                plain = (saved or {}).get("rng")
+                self._rng = raw_from_plain(plain) if plain else raw_rng()
                 set_raw_rng(caller)
 
     def __iter__(self) -> Tail:

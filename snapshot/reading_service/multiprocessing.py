@@ -11,7 +11,9 @@ deals its samples to the workers' shards (see :mod:`._dispatch`).
 A snapshot is exact while workers run ahead: each worker reports its state between two
 samples (it is paused only for that), and the samples it had produced that the loader has
 not yielded yet are stored by value in the snapshot and yielded first after a restore. A
-snapshot taken with W workers restores onto any W' <= L workers, or in-process.
+snapshot taken with W workers restores onto any W' <= L workers, or in-process (unless a
+``worker_reset_fn`` ties it to its layout). A non-replicable tail (see :mod:`snapshot.sharding`)
+runs in the main process over the merged stream.
 """
 
 from __future__ import annotations

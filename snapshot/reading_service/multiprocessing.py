@@ -43,10 +43,9 @@ class MultiProcessingReadingService(ShardedService):
 
     Compared with torchdata 0.9's service of the same name: the arguments after
     ``num_workers`` are keyword-only; a ``worker_reset_fn`` ties snapshots to the layout (see
-    below); and since
-    samples are dealt to logical shards, not to workers, the stream of a graph with random
-    pipes below the sharding point differs from torchdata's (it is instead the same for any
-    number of workers).
+    below); and since samples are dealt to logical shards, not to workers, the stream of a
+    graph with random pipes below the sharding point differs from torchdata's (it is instead
+    the same for any number of workers).
 
     Args:
         num_workers: worker processes (0 runs in the main process, like
@@ -72,11 +71,12 @@ class MultiProcessingReadingService(ShardedService):
             :class:`~snapshot.SeedGenerator` spawned for the worker from the epoch's seeds. It
             changes the graph in place (reseeds pipes, sets attributes) and returns it or
             ``None``. Since it sees workers, the stream may then depend on the number of
-            workers: a snapshot records the layout and restores only onto the same one (same
-            ``num_workers``, logical shards and ranks; another layout is refused with a
-            :class:`~snapshot.LayoutError`). A restore calls it again with the generator of the
-            saved epoch before the saved states are installed. With ``num_workers=0`` it is not
-            called, as in torchdata 0.9 (use ``InProcessReadingService(reset_fn=...)``).
+            workers: a snapshot records the layout and restores only onto the same one (the same
+            ``num_workers`` and logical shards, and, with ranks, the same number of ranks;
+            another worker count or service is refused with a :class:`~snapshot.LayoutError`).
+            A restore calls it again with the generator of the saved epoch before the saved
+            states are installed. With ``num_workers=0`` it is not called, as in torchdata 0.9
+            (a warning says so).
     """
 
     def __init__(
@@ -112,8 +112,7 @@ class MultiProcessingReadingService(ShardedService):
         self.worker_reset_fn = worker_reset_fn
         if worker_reset_fn is not None and num_workers == 0:
             warnings.warn("worker_reset_fn is not called with num_workers=0 (as in torchdata 0.9): there are no "
-                          "workers; use InProcessReadingService(reset_fn=...) to reset the graph each epoch",
-                          stacklevel=2)
+                          "workers", stacklevel=2)
         self.timeout = timeout
         self._running = 0
 

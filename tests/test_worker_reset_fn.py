@@ -155,3 +155,13 @@ def test_with_no_workers_it_is_not_called_as_in_0_9() -> None:
         service = Workers(0, worker_reset_fn=reseed)
     with snapshot.DataLoader2(graph(), reading_service=service) as loader:
         assert {worker for batch in loader for _, worker in batch} == {-1}
+
+
+def test_another_number_of_ranks_is_refused_too() -> None:
+    from snapshot.reading_service._worker_reset import same_layout_problems
+
+    saved = {"ranks": 2, "worker_reset_fn": {"function": "m.f", "num_workers": 2}}
+    current = {"function": "m.f", "num_workers": 2}
+    assert same_layout_problems(saved, current, ranks=2) == []
+    [problem] = same_layout_problems(saved, current, ranks=3)
+    assert "taken on 2 rank(s), this restore runs on 3" in problem and "restores only onto the same one" in problem

@@ -49,11 +49,13 @@ def callable_name(fn: Any) -> str:
     return f"{getattr(inner, '__module__', '?')}.{getattr(inner, '__qualname__', type(inner).__name__)}"
 
 
-def same_layout_problems(saved: Mapping[str, Any], current: Mapping[str, Any] | None) -> list[str]:
+def same_layout_problems(saved: Mapping[str, Any], current: Mapping[str, Any] | None,
+                         ranks: int | None = None) -> list[str]:
     """Why a snapshot cannot restore onto a service, as far as a ``worker_reset_fn`` goes.
 
     ``saved`` is the snapshot's layout; ``current`` is the service's :data:`RESET_FN` record
-    (``None`` when it calls no such function).
+    (``None`` when it calls no such function); ``ranks``, when given, the number of ranks the
+    restore runs on (a distributed service passes it).
     """
     before = saved.get(RESET_FN)
     if before is None and current is None:
@@ -75,6 +77,9 @@ def same_layout_problems(saved: Mapping[str, Any], current: Mapping[str, Any] | 
         return [f"{why} (this service has num_workers={current['num_workers']})"]
     if current["function"] != before["function"]:
         return [f"{why} (this service calls worker_reset_fn={current['function']})"]
+    saved_ranks = int(saved.get("ranks", 1))
+    if ranks is not None and ranks != saved_ranks:
+        return [f"{why} (the snapshot was taken on {saved_ranks} rank(s), this restore runs on {ranks})"]
     return []
 
 

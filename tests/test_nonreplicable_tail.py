@@ -231,3 +231,10 @@ def hookless_random_tail(n: int = 23) -> Any:
 def test_a_tail_drawing_from_the_global_generators_restores_exactly(factory: Any) -> None:
     assert_resumes_exactly(factory, reading_service=workers(2), restore_service=workers(0), epochs=2,
                            cuts=[Cut(0, 3), Cut(0, 10, then=15), Cut(1, 6)], via_file=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("factory", [stateful_tail, hookless_tail], ids=lambda f: f.__name__)
+def test_restores_in_a_fresh_process(factory: Any) -> None:
+    assert_resumes_exactly(factory, reading_service=workers(2), restore_service=workers(1), epochs=2,
+                           fresh_process=True, cuts=[Cut(0, 4), Cut(1, 2)])

@@ -165,3 +165,8 @@ def test_another_number_of_ranks_is_refused_too() -> None:
     assert same_layout_problems(saved, current, ranks=2) == []
     [problem] = same_layout_problems(saved, current, ranks=3)
     assert "taken on 2 rank(s), this restore runs on 3" in problem and "restores only onto the same one" in problem
+
+
+@pytest.mark.slow
+def test_restores_in_a_fresh_process() -> None:
+    assert_resumes_exactly(graph, reading_service=workers(2), epochs=2, fresh_process=True, cuts=[Cut(0, 4), Cut(1, 2)])

@@ -21,6 +21,7 @@ depend on the number of workers: such snapshots restore only onto the same layou
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Mapping
@@ -124,8 +125,7 @@ class ResetEngine(ShardEngine):
                     f"given (logical shard {shard}, worker {self.worker.worker_id}): the engine runs the graph "
                     "it was built with, so change that graph in place (reseed it, set attributes) and return it "
                     "(or None). To change the graph's shape, build it so before giving it to the loader.")
-        unseeded = EpochSeeds({}, [{} for _ in seeds.shards], list(seeds.rng))
-        super().start(unseeded, restore, strategy)
+        super().start(dataclasses.replace(seeds, shared={}, shards=[{} for _ in seeds.shards]), restore, strategy)
 
     def _seed(self, graph: Graph, seeds: Mapping[str, int]) -> None:
         for path, seed in seeds.items():

@@ -35,7 +35,8 @@ def restore_plans(graphs: Mapping[int, Graph], topology: Topology, saved: Mappin
         record = saved.get(shard)
         if record is not None and not record.get("exhausted"):
             counts = {p: r["yielded"] for p, r in record["nodes"].items()}
-            plans[shard] = make_plan(graph, counts, strategy, ports=frozenset(topology.routers))
+            plans[shard] = make_plan(graph, counts, strategy, sinks=[topology.shard_sink],
+                                     ports=frozenset(topology.routers))
     return plans, {s for s, plan in plans.items() if plan.reaches_ports}
 
 
@@ -175,7 +176,8 @@ class ShardEngine:
                 for path, port in ports.items():
                     port.yielded = int(records.get(path, {}).get("yielded") or 0)
         own = {p: s for p, s in seeds.for_shard(shard).items() if p in self._downstream}
-        return Run(graph, own, ports=ports, records=records, plan=plan, buffer_state=self.buffer_state)
+        return Run(graph, own, sink=self.topology.shard_sink, ports=ports, records=records, plan=plan,
+                   buffer_state=self.buffer_state)
 
     # -- iterating ------------------------------------------------------------------------
 
@@ -216,7 +218,8 @@ class ShardEngine:
                 continue
             records = run.capture()
             counts = {p: r["yielded"] for p, r in records.items()}
-            plan = make_plan(graph, counts, RestoreStrategy.AUTO, ports=frozenset(self.topology.routers))
+            plan = make_plan(graph, counts, RestoreStrategy.AUTO, sinks=[self.topology.shard_sink],
+                             ports=frozenset(self.topology.routers))
             shards[shard] = {"produced": run.yielded, "exhausted": run.exhausted, "nodes": records,
                              "plan": plan.describe(), "rng": self._rng.state(shard), "persistent": persistent}
         return {"upstream": upstream, "shards": shards}

@@ -24,6 +24,8 @@ from snapshot.reading_service._merge import RoundRobin, merge_state_for, service
 from snapshot.reading_service._recombine import parts, recombine
 from snapshot.reading_service._rng import GlobalRNG
 from snapshot.reading_service._split import epoch_finished, split
+from snapshot.reading_service._tail import TAIL, Tail, check_restarted
+from snapshot.reading_service._worker_reset import same_layout_problems
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint
 from snapshot.sharding import Topology, WorkerInfo, analyze
 
@@ -108,11 +110,12 @@ class ShardedService(ReadingServiceInterface):
         self._count = 0  # L, the logical shards
         self._units = 0  # this epoch's units: L, or sub-shards of them (see _split)
         self._owned: list[int] = []
+        self._tail: Tail | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.update(_graph=None, _topology=None, _executor=None, _merge=None, _seeds=None, _count=0, _units=0,
-                     _owned=[])
+                     _owned=[], _tail=None)
         return state
 
     # -- what subclasses decide -------------------------------------------------------------
@@ -157,6 +160,9 @@ class ShardedService(ReadingServiceInterface):
         self._graph, self._topology, self._count, self._units = graph, topology, count, units
         self._owned = list(shards)
         self._executor = self._make_executor(datapipe, graph, self._topology, units, self._owned)
+        if topology.tail:  # the part below a non-replicable pipe: once, here, over the merged stream
+            self._tail = Tail(graph, topology, units, self._owned, global_rng=self.global_rng,
+                              buffer_state=self.buffer_state)
 
     def initialize_iteration(
         self, seed_generator: SeedGenerator, iter_reset_fn: Callable[[Any], Any] | None = None
@@ -165,12 +171,17 @@ class ShardedService(ReadingServiceInterface):
         self._seeds = epoch_seeds(seed_generator, graph, self._count)
         executor.start(self._seeds)
         self._merge = RoundRobin(self._owned, executor.fetch)
+        if self._tail is not None:
+            self._tail.start(self._seeds, self._merge)
         return None
 
     def finalize(self) -> None:
         if self._executor is not None:
             self._executor.close()
             self._executor = None
+        if self._tail is not None:
+            self._tail.close()
+            self._tail = None
 
     # -- checkpoint / restore ---------------------------------------------------------------
 
@@ -183,15 +194,23 @@ class ShardedService(ReadingServiceInterface):
         layout = self._layout()
         if self._units != self._count:
             layout["units"] = self._units
-        return service_state(type(self).__name__, layout, self._seeds, self._merge, engines, self._units)
+        state = service_state(type(self).__name__, layout, self._seeds, self._merge, engines, self._units)
+        if self._tail is not None:
+            state[TAIL] = self._tail.capture()
+        return state
 
     def validate(self, state: ServiceCheckpoint) -> list[str]:
         saved = int(state["layout"]["logical_shards"])
+        problems = same_layout_problems(state["layout"], self._reset_layout())
         if self.logical_shards is not None and self.logical_shards != saved:
-            return [f"the snapshot has {saved} logical shards but this service asks for logical_shards="
-                    f"{self.logical_shards}; the number of logical shards is fixed by the first run (leave "
-                    "logical_shards unset to take the saved value)"]
-        return []
+            problems.append(f"the snapshot has {saved} logical shards but this service asks for logical_shards="
+                            f"{self.logical_shards}; the number of logical shards is fixed by the first run (leave "
+                            "logical_shards unset to take the saved value)")
+        return problems
+
+    def _reset_layout(self) -> dict[str, Any] | None:
+        """The ``worker_reset_fn`` a restore would call, if any (see :mod:`._worker_reset`)."""
+        return None
 
     def restore(self, datapipe: Any, state: ServiceCheckpoint, *, strategy: Any = RestoreStrategy.AUTO,
                 shards: Sequence[int] | None = None, units: int | None = None, ranks: int = 1,
@@ -225,9 +244,16 @@ class ShardedService(ReadingServiceInterface):
                       "(this process owns shards %s)", count, saved_workers, workers, owned)
         executor, _ = self._require()
         self._seeds = EpochSeeds.from_state(state["seeds"])
-        executor.start(self._seeds, state, RestoreStrategy.parse(strategy))
+        strategy = RestoreStrategy.parse(strategy)
+        restart = self._tail is not None and self._tail.restarts_epoch(state.get(TAIL), strategy)
+        executor.start(self._seeds, None if restart else state, strategy)  # restart: see _tail
         self._merge = RoundRobin(owned, executor.fetch)
-        self._merge.load(merge_state_for(state, owned), state["shards"])
+        if not restart:
+            self._merge.load(merge_state_for(state, owned), state["shards"])
+        if self._tail is not None:
+            self._tail.start(self._seeds, self._merge, state[TAIL], strategy, restarted=restart)
+            if restart:
+                check_restarted(self._merge, merge_state_for(state, owned))
         return _Output(self)
 
     def _require(self) -> tuple[Executor, Graph]:
@@ -239,11 +265,15 @@ class ShardedService(ReadingServiceInterface):
         """Samples this service yielded in the epoch, and whether its shards are all exhausted."""
         if self._merge is None:
             return 0, False
+        if self._tail is not None:
+            return self._tail.progress()
         return sum(self._merge.consumed.values()), len(self._merge.exhausted) == len(self._merge.shards)
 
     def stream(self) -> Iterator[Any]:
         """The current epoch's merged stream."""
-        return self._merge if self._merge is not None else iter(())
+        if self._merge is None:
+            return iter(())
+        return self._tail if self._tail is not None else self._merge
 
 
 class _Output:

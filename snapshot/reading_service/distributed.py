@@ -44,6 +44,7 @@ from snapshot.randomness import SeedGenerator
 from snapshot.reading_service._even import EvenBatches, First, deal, saved_first, saved_last
 from snapshot.reading_service._sharded import ShardedService, resolve_logical_shards
 from snapshot.reading_service._split import epoch_units, restore_units
+from snapshot.reading_service._worker_reset import same_layout_problems
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint
 from snapshot.reading_service.in_process import InProcessReadingService
 from snapshot.sharding import analyze
@@ -283,6 +284,8 @@ class DistributedReadingService(ReadingServiceInterface):
     def validate(self, state: ServiceCheckpoint) -> list[str]:
         problems = self.executor.validate(state)
         world = self._connect().world
+        problems += [p for p in same_layout_problems(state["layout"], self.executor._reset_layout(), ranks=world)
+                     if p not in problems]  # a worker_reset_fn's snapshot restores on its own ranks only
         saved = int(state["layout"].get("units", state["layout"]["logical_shards"]))
         mine = restore_units(saved, world) // world
         workers = self.executor.workers

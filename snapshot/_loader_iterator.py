@@ -109,8 +109,8 @@ class DataLoader2Iterator(Iterator[T_co]):
             except StopIteration:
                 loader._end_epoch()
                 raise
-            except Exception:
-                loader.shutdown()
+            except Exception as exc:
+                loader._stop_after_error(exc)
                 raise
         pos.yielded += 1
         loader._pausing.count()

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from snapshot._background import BackgroundSaver
-    from snapshot._loader_position import LivePosition, Pausing
+    from snapshot._loader_position import LivePosition, Pausing, Stopped
     from snapshot.graph import Graph
     from snapshot.reading_service.base import ReadingServiceInterface
 
@@ -25,6 +25,7 @@ class IteratedLoader(Protocol):
     _pausing: Pausing
 
     def shutdown(self) -> None: ...
+    def _stop_after_error(self, error: BaseException) -> None: ...
     def _end_epoch(self) -> None: ...
     def _limit(self, num_batches: int | None) -> None: ...
     def _resume(self) -> None: ...
@@ -40,6 +41,7 @@ class LoaderParts(Protocol):
     _service_bytes: bytes
     _position: LivePosition
     _terminated: bool
+    _stopped: Stopped | None
     _saver: BackgroundSaver
 
     def state_dict(self) -> dict[str, Any]: ...

@@ -74,6 +74,20 @@ class LivePosition:
 
 
 @dataclass
+class Stopped:
+    """What a stopped loader (``shutdown()``, the end of a ``with`` block) still knows of its
+    position: the reading service's checkpoint, taken as it stopped while its workers were still
+    there, or why there is none (the graph raised, a worker died, the service cannot checkpoint).
+    A save after the stop uses it, so it restores exactly where the loader stopped."""
+
+    #: The service's checkpoint (``{}`` before the first epoch); ``None`` when ``why_not`` says why.
+    service: dict[str, Any] | None = None
+    why_not: str | None = None
+    #: Whether the loader spanned ranks: its process group is gone, so a save must come first.
+    distributed: bool = False
+
+
+@dataclass
 class Pausing:
     """torchdata 0.9's pause and limit: the iterator stops (``StopIteration``) without ending
     the epoch. Pausing changes nothing but the loader's willingness to yield: workers keep what

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from snapshot import _loader_restore, _object_directory, _rotation, _serialization, _staging, _storage
 from snapshot._io import save
+from snapshot._loader_stop import stopped_service
 from snapshot.capture import LoaderState, Snapshot, capture, snapshot_of
 from snapshot.errors import SnapshotError
 from snapshot.format import PathOrFile
@@ -31,7 +32,10 @@ def snapshot_source(loader: LoaderParts, *, include_graph: bool, verify: int = 0
     if loader._graph is None:
         raise SnapshotError("this DataLoader2 has no graph yet; nothing to capture")
     pos = loader._position
-    service_state = loader.reading_service.checkpoint() if pos.epoch >= 0 else {}
+    if loader._terminated:
+        service_state = stopped_service(loader._stopped, verify)
+    else:
+        service_state = loader.reading_service.checkpoint() if pos.epoch >= 0 else {}
     source = LoaderState(
         epoch=pos.epoch,
         yielded=pos.yielded,

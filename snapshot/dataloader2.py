@@ -19,7 +19,7 @@ from typing import Any, Generic, Literal, TypeVar, overload
 
 from torch.utils.data import IterDataPipe, MapDataPipe
 
-from snapshot import _lightning_guard, _loader_restore, _loader_save, _serialization
+from snapshot import _lightning_guard, _loader_restore, _loader_save, _loader_stop, _serialization
 from snapshot._background import BackgroundSaver
 from snapshot._loader_iterator import (
     DataLoader2Iterator,
@@ -30,7 +30,7 @@ from snapshot._loader_iterator import (
     map_to_iter,
     not_a_datapipe,
 )
-from snapshot._loader_position import LivePosition, Pausing
+from snapshot._loader_position import LivePosition, Pausing, Stopped
 from snapshot.capture import LoaderState, Snapshot
 from snapshot.format import PathOrFile
 from snapshot.graph import Graph
@@ -100,6 +100,8 @@ class DataLoader2(Generic[T_co]):
             datapipe, data = adapted_copy(datapipe, self.datapipe_adapter_fns)
             self._set_graph_bytes(data, datapipe)
         self._terminated = False
+        #: Set by ``shutdown()``: the position it kept for saves after it (see ``Stopped``).
+        self._stopped: Stopped | None = None
         self.valid_iterator_id: int | None = None
         #: Epoch, samples yielded, randomness (torchdata 0.9 semantics) and the running iterator.
         self._position = LivePosition()
@@ -145,25 +147,18 @@ class DataLoader2(Generic[T_co]):
         self._position.reset_seed = True
 
     def shutdown(self) -> None:
-        """Wait for a background save, stop the reading service (worker processes, ...).
-        Safe to call twice."""
-        saver = getattr(self, "_saver", None)
-        if saver is not None:
-            saver.wait()
-        if not self._terminated:
-            self._terminated = True
-            service = getattr(self, "reading_service", None)
-            if service is not None:
-                service.finalize_iteration()
-                service.finalize()
-        position = getattr(self, "_position", None)
-        if position is not None:
-            position.reset_iter = True
-            position.datapipe_iter = None
+        """Wait for a background save, stop the reading service (worker processes, ...). Safe to
+        call twice. A save after it (or after a ``with`` block) restores exactly where the loader
+        stopped; after a failure of the graph or a worker it raises (see ``_loader_stop``)."""
+        _loader_stop.stop(self, keep_position=True)
+
+    def _stop_after_error(self, error: BaseException) -> None:
+        """The graph raised ``error`` into the loop: stop, keeping why a later save cannot be exact."""
+        _loader_stop.stop(self, keep_position=True, error=error)
 
     def __del__(self) -> None:
         try:
-            self.shutdown()
+            _loader_stop.stop(self, keep_position=False)  # nobody saves a collected loader: no capture
         except Exception:  # noqa: BLE001 - never raise from a finalizer
             pass
 
@@ -213,16 +208,12 @@ class DataLoader2(Generic[T_co]):
         served from a buffer, so nothing is lost); restoring then checks the restored stream
         against them.
 
-        ``blocking=False`` (``dest`` a path) captures the position now and pickles and
-        writes it in a background thread while iteration goes on; it returns a
-        ``concurrent.futures.Future`` whose result is the path, or whose exception says why
-        the save failed (also logged). The capture shares only immutable samples (``bytes``,
-        strings, numbers) with the live graph; tensors, arrays and other objects in buffers
-        are copied first (see ``snapshot._staging``). One save runs at a time per loader: a
-        second waits for the first, and so do ``shutdown()`` and the interpreter's exit. The
-        write is atomic as with ``blocking=True`` (``keep_last`` prunes once it is written).
-        Across ranks the save is a collective and stays synchronous: the returned future is
-        already done.
+        ``blocking=False`` (``dest`` a path) captures the position now, then pickles and writes
+        it in a background thread while iteration goes on (buffered tensors and other mutable
+        samples are copied first); it returns a ``concurrent.futures.Future`` of the path, or of
+        the reason the save failed (also logged). One save runs at a time per loader; a second,
+        ``shutdown()`` and the interpreter's exit wait for it. The write is atomic, and across
+        ranks the save stays synchronous (the future is already done).
         """
         if keep_last is not None:
             _loader_save.check_keep_last(dest, keep_last)
@@ -231,7 +222,10 @@ class DataLoader2(Generic[T_co]):
         return save(self, dest, include_graph=include_graph, keep_last=keep_last, key=key, verify=verify)
 
     def _collective(self) -> Any:
-        """The reading service's collective operations when it spans ranks (else ``None``)."""
+        """The reading service's collective operations when it spans ranks (else ``None``, also
+        once the loader is stopped: its process group is released)."""
+        if self._terminated:
+            return None
         return getattr(self.reading_service, "collective", None)
 
     def restore_snapshot(

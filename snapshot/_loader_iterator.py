@@ -31,9 +31,14 @@ def not_a_datapipe(datapipe: Any) -> str:
     if isinstance(datapipe, IterableDataset):
         return (f"{head} Wrap an iterable dataset in IterableWrapper(dataset) (from {wrappers}.iter); "
                 "its position is then replayed on restore unless it has state_dict()/load_state_dict().")
-    if isinstance(datapipe, Dataset) or (hasattr(datapipe, "__getitem__") and hasattr(datapipe, "__len__")
-                                         and not isinstance(datapipe, (str, bytes, dict))):
-        return (f"{head} For a map-style dataset or a sequence, pass {by_index} (IterableWrapper from "
+    sequence = (hasattr(datapipe, "__getitem__") and hasattr(datapipe, "__len__")
+                and not isinstance(datapipe, (str, bytes, dict)))
+    if sequence and not isinstance(datapipe, Dataset):  # a list, a tuple: wrap it as it is
+        return (f"{head} Wrap it in IterableWrapper(data) (from {wrappers}.iter), then .shuffle(), .map(...) "
+                f"as needed. For a large sequence read by index, {by_index} keeps only indices in the "
+                "graph and in snapshots.")
+    if isinstance(datapipe, Dataset) or sequence:
+        return (f"{head} For a map-style dataset, pass {by_index} (IterableWrapper from "
                 f"{wrappers}.iter; add .shuffle() after IterableWrapper to shuffle the indices), or, with torchdata "
                 f"installed, SequenceWrapper(data) (from {wrappers}.map) or its .to_iter_datapipe().")
     if isinstance(datapipe, Iterable):

@@ -122,3 +122,15 @@ class Pausing:
         self.counter += 1
         if self.counter >= self.threshold:
             self.pause()
+
+
+def loader_repr(graph: Any, service: Any, position: LivePosition | None, terminated: bool) -> str:
+    """``repr(DataLoader2)``: its graph's sink and size, the reading service, where it stands."""
+    sink = "no graph" if graph is None else f"{type(graph.sink).__name__}, {len(graph.nodes)} nodes"
+    workers = getattr(service, "num_workers", None)
+    service_name = type(service).__name__ + (f"(num_workers={workers})" if workers else "")
+    if position is None or position.epoch < 0:
+        where = "not started"
+    else:
+        where = f"epoch {position.epoch}, " + ("finished" if position.epoch_finished else f"{position.yielded} yielded")
+    return f"DataLoader2({sink}; {service_name}; {where}" + ("; shut down)" if terminated else ")")

@@ -30,7 +30,7 @@ from snapshot._loader_iterator import (
     map_to_iter,
     not_a_datapipe,
 )
-from snapshot._loader_position import LivePosition, Pausing, Stopped
+from snapshot._loader_position import LivePosition, Pausing, Stopped, loader_repr
 from snapshot.capture import LoaderState, Snapshot
 from snapshot.format import PathOrFile
 from snapshot.graph import Graph
@@ -282,6 +282,10 @@ class DataLoader2(Generic[T_co]):
                    ) -> DataLoader2[Any]:
         """A loader built from a state dict's pickled graph, positioned where it was saved."""
         return cls.from_snapshot(state, reading_service)
+
+    def __repr__(self) -> str:
+        return loader_repr(getattr(self, "_graph", None), getattr(self, "reading_service", None),
+                           getattr(self, "_position", None), getattr(self, "_terminated", False))
 
     def __getstate__(self) -> Any:
         raise pickle.PicklingError(

@@ -156,14 +156,15 @@ def adapter_list(datapipe_adapter_fn: Any) -> list[Any] | None:
     return [datapipe_adapter_fn]
 
 
-def adapted_copy(datapipe: Any, adapter_fns: list[Any] | None) -> tuple[Any, bytes]:
-    """A private copy of ``datapipe`` with the adapters applied, and its pickle."""
+def adapted_copy(datapipe: Any, adapter_fns: list[Any] | None) -> tuple[Any, bytes, str | None]:
+    """A private copy of ``datapipe`` with the adapters applied, the pickle a snapshot keeps of it
+    (portable to another script: see ``_serialization.portable_graph``) and why it is not portable."""
     datapipe, data = _serialization.clone(datapipe)
     if adapter_fns is not None:
         for adapter_fn in adapter_fns:
             datapipe = adapter_fn(datapipe)
         data = _serialization.dumps_graph(datapipe)
-    return datapipe, data
+    return (datapipe, *_serialization.portable_graph(datapipe, data))
 
 
 def checked_service(service: Any) -> ReadingServiceInterface:

@@ -38,6 +38,8 @@ class LoaderParts(Protocol):
     datapipe: Any
     _graph: Graph | None
     _graph_bytes: bytes | None
+    _graph_problem: str | None
+    _graph_from_snapshot: bool
     _service_bytes: bytes
     _position: LivePosition
     _terminated: bool

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from snapshot._loader_position import Stopped
+from snapshot._loader_restore import explain_missing_code
 from snapshot.errors import SnapshotError
 
 if TYPE_CHECKING:
@@ -24,6 +25,8 @@ __all__ = ["at_stop", "stop", "stopped_service"]
 def stop(loader: LoaderParts, *, keep_position: bool, error: BaseException | None = None) -> None:
     """Wait for a background save, keep the position (unless ``keep_position`` is false: a
     finalizer), then release the reading service. Safe to call twice."""
+    if error is not None and getattr(loader, "_graph_from_snapshot", False):
+        explain_missing_code(error)
     saver = getattr(loader, "_saver", None)
     if saver is not None:
         saver.wait()

@@ -95,9 +95,11 @@ class DataLoader2(Generic[T_co]):
         configure_buffers(self.reading_service, self.buffer_state)
         self.datapipe: Any = None
         self._graph: Graph | None = None
-        self._graph_bytes: bytes | None = None
+        self._graph_bytes: bytes | None = None  # the pickle snapshots keep (see adapted_copy)
+        self._graph_problem: str | None = None  # why it would not load in another script
+        self._graph_from_snapshot = False  # unpickled from a snapshot (see explain_missing_code)
         if datapipe is not None:  # a private, adapted copy; its pickle kept for snapshots
-            datapipe, data = adapted_copy(datapipe, self.datapipe_adapter_fns)
+            datapipe, data, self._graph_problem = adapted_copy(datapipe, self.datapipe_adapter_fns)
             self._set_graph_bytes(data, datapipe)
         self._terminated = False
         #: Set by ``shutdown()``: the position it kept for saves after it (see ``Stopped``).
@@ -110,7 +112,7 @@ class DataLoader2(Generic[T_co]):
         self._saver = BackgroundSaver()
 
     def _set_graph_bytes(self, data: bytes, datapipe: Any = None) -> None:
-        self._graph_bytes = data
+        self._graph_bytes, self._graph_from_snapshot = data, datapipe is None
         self.datapipe = datapipe if datapipe is not None else _serialization.loads_graph(data)
         self._graph = Graph(self.datapipe)
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from snapshot import _serialization
+from snapshot._warnings import user_stacklevel
 from snapshot.hooks._positions import BufferState
 from snapshot.reading_service.base import ReadingServiceInterface
 
@@ -164,7 +166,18 @@ def adapted_copy(datapipe: Any, adapter_fns: list[Any] | None) -> tuple[Any, byt
         for adapter_fn in adapter_fns:
             datapipe = adapter_fn(datapipe)
         data = _serialization.dumps_graph(datapipe)
-    return (datapipe, *_serialization.portable_graph(datapipe, data))
+    portable, problem = _serialization.portable_graph(datapipe, data)
+    if len(portable) - len(data) > _COPIED_GLOBALS_WARNING:
+        warnings.warn(
+            f"the functions of your script use globals that make the graph's pickle {len(portable) / 2**20:.0f} "
+            f"MiB (without them: {len(data) / 2**20:.0f} MiB), and every snapshot with the graph holds a copy. "
+            "Move large data into a module the restoring script imports, or save with include_graph=False "
+            "and build the graph in code before restoring.", stacklevel=user_stacklevel())
+    return datapipe, portable, problem
+
+
+#: Bytes of script globals copied into the graph's pickle above which the loader warns.
+_COPIED_GLOBALS_WARNING = 16 * 2**20
 
 
 def checked_service(service: Any) -> ReadingServiceInterface:

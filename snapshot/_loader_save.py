@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from snapshot import _loader_restore, _object_directory, _rotation, _serialization, _staging, _storage
 from snapshot._io import save
 from snapshot._loader_stop import stopped_service
+from snapshot._warnings import user_stacklevel
 from snapshot.capture import LoaderState, Snapshot, capture, snapshot_of
 from snapshot.errors import SerializationError, SnapshotError
 from snapshot.format import PathOrFile
@@ -70,7 +71,8 @@ def check_portable(loader: LoaderParts, include_graph: bool = True, *, strict: b
     if strict:
         raise SerializationError(message + ".")
     warnings.warn(message + ". This state dict's graph loads only in the script that saved it (from_state "
-                  "elsewhere fails); load_state_dict() onto a graph built in code is not affected.", stacklevel=4)
+                  "elsewhere fails); load_state_dict() onto a graph built in code is not affected.",
+                  stacklevel=user_stacklevel())
 
 
 def save_now(loader: LoaderParts, dest: PathOrFile | None, *, include_graph: bool,

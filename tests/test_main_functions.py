@@ -211,3 +211,23 @@ def test_the_snapshot_carries_the_globals_as_they_were_when_the_loader_was_built
     proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["[0,", "100,", "200]", "[0,", "1,", "2]"]
+
+
+def test_a_large_global_copied_into_the_graph_is_warned_about(tmp_path) -> None:
+    script = textwrap.dedent("""
+        import warnings
+        from torch.utils.data.datapipes.iter import IterableWrapper
+        import snapshot
+        TABLE = bytes(20 * 2**20)
+        def look_up(i):
+            return TABLE[i]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loader = snapshot.DataLoader2(IterableWrapper(range(3)).map(look_up))
+        print([str(w.message) for w in caught if "MiB" in str(w.message)])
+        print(caught[-1].filename)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "make the graph's pickle 20 MiB (without them: 0 MiB)" in proc.stdout
+    assert proc.stdout.splitlines()[1] == "<string>"  # attributed to the user's line

@@ -87,6 +87,24 @@ class Stopped:
     distributed: bool = False
 
 
+class PausingMethods:
+    """torchdata 0.9's pause / resume / limit on ``DataLoader2`` (private in 0.9 too): through
+    :class:`Pausing`, the loader's ``_pausing``."""
+
+    _pausing: Pausing
+
+    def _pause(self) -> None:
+        """Make the current iterator stop (``StopIteration``) until :meth:`_resume`."""
+        self._pausing.pause()
+
+    def _resume(self) -> None:
+        self._pausing.resume()
+
+    def _limit(self, num_batches: int | None) -> None:
+        """Pause after ``num_batches`` more samples, then again after each ``num_batches``."""
+        self._pausing.limit(num_batches)
+
+
 @dataclass
 class Pausing:
     """torchdata 0.9's pause and limit: the iterator stops (``StopIteration``) without ending

@@ -30,7 +30,7 @@ from snapshot._loader_iterator import (
     map_to_iter,
     not_a_datapipe,
 )
-from snapshot._loader_position import LivePosition, Pausing, Stopped, loader_repr
+from snapshot._loader_position import LivePosition, Pausing, PausingMethods, Stopped, loader_repr
 from snapshot.capture import LoaderState, Snapshot
 from snapshot.format import PathOrFile
 from snapshot.graph import Graph
@@ -44,7 +44,7 @@ __all__ = ["DataLoader2", "DataLoader2Iterator"]
 
 T_co = TypeVar("T_co", covariant=True)
 
-class DataLoader2(Generic[T_co]):
+class DataLoader2(PausingMethods, Generic[T_co]):
     """Load data from a DataPipe graph through a reading service, with exact snapshots.
 
     Args:
@@ -169,19 +169,6 @@ class DataLoader2(Generic[T_co]):
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         self.shutdown()
-
-    # -- torchdata 0.9's pause / resume / limit (private in 0.9 too; see ``Pausing``) -------
-
-    def _pause(self) -> None:
-        """Make the current iterator stop (``StopIteration``) until :meth:`_resume`."""
-        self._pausing.pause()
-
-    def _resume(self) -> None:
-        self._pausing.resume()
-
-    def _limit(self, num_batches: int | None) -> None:
-        """Pause after ``num_batches`` more samples, then again after each ``num_batches``."""
-        self._pausing.limit(num_batches)
 
     # -- snapshots ------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from snapshot._background import BackgroundSaver
     from snapshot._loader_position import LivePosition, Pausing, Stopped
     from snapshot.graph import Graph
+    from snapshot.plan import CodeChanges
     from snapshot.reading_service.base import ReadingServiceInterface
 
 __all__ = ["IteratedLoader", "LoaderParts"]
@@ -36,6 +37,7 @@ class LoaderParts(Protocol):
 
     reading_service: ReadingServiceInterface
     datapipe: Any
+    code_changes: CodeChanges
     _graph: Graph | None
     _graph_bytes: bytes | None
     _graph_problem: str | None

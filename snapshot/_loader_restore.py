@@ -53,7 +53,7 @@ def restore(loader: LoaderParts, snap: Snapshot, strategy: RestoreStrategy) -> N
             )
         loader._set_graph_bytes(snap.graph)
     assert loader._graph is not None
-    check_graph([node.to_dict() for node in snap.info.graph.nodes], loader._graph)
+    check_graph([node.to_dict() for node in snap.info.graph.nodes], loader._graph, loader.code_changes)
     make_plan(loader._graph, {}, strategy)  # refuses an impossible strategy up front
     state = snap.state
     problems = loader.reading_service.validate(state["service"]) if state["service"] else []

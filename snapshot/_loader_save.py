@@ -50,6 +50,7 @@ def snapshot_source(loader: LoaderParts, *, include_graph: bool, verify: int = 0
         service_name=type(loader.reading_service).__name__,
         graph_nodes=loader._graph.describe(),
         graph_fingerprint=loader._graph.fingerprint,
+        code_changes=loader.code_changes.value,
         graph_bytes=loader._graph_bytes if include_graph else None,
         service_bytes=loader._service_bytes,
         lookahead=list(pos.lookahead),

@@ -35,7 +35,7 @@ from snapshot.capture import LoaderState, Snapshot
 from snapshot.format import PathOrFile
 from snapshot.graph import Graph
 from snapshot.hooks._positions import BufferState
-from snapshot.plan import RestoreStrategy
+from snapshot.plan import CodeChanges, RestoreStrategy
 from snapshot.randomness import UINT64_LIMIT
 from snapshot.reading_service.base import ReadingServiceInterface
 from snapshot.restore import restore as _restore_into
@@ -60,6 +60,9 @@ class DataLoader2(PausingMethods, Generic[T_co]):
             followed by ``map``; elsewhere values, and the manifest says why). Positions make a
             large shuffle buffer's snapshot small; they assume the map functions are
             deterministic.
+        code_changes: what restoring does when a function of the graph has other code than
+            when the snapshot was saved: ``"refuse"`` (a ``GraphMismatchError`` naming it),
+            ``"warn"`` or ``"allow"`` (see ``CodeChanges``; recorded in the manifest).
 
     Examples:
         >>> from torch.utils.data.datapipes.iter import IterableWrapper
@@ -82,8 +85,9 @@ class DataLoader2(PausingMethods, Generic[T_co]):
         reading_service: ReadingServiceInterface | None = None,
         *,
         buffer_state: BufferState | str = BufferState.VALUES,
+        code_changes: CodeChanges | str = CodeChanges.REFUSE,
     ) -> None:
-        self.buffer_state = BufferState.parse(buffer_state)
+        self.buffer_state, self.code_changes = BufferState.parse(buffer_state), CodeChanges.parse(code_changes)
         if datapipe is not None and not isinstance(datapipe, (IterDataPipe, MapDataPipe)):
             raise TypeError(not_a_datapipe(datapipe))
         if isinstance(datapipe, MapDataPipe):
@@ -235,14 +239,15 @@ class DataLoader2(PausingMethods, Generic[T_co]):
     def from_snapshot(
         cls, src: Any, reading_service: ReadingServiceInterface | None = None, *,
         strategy: RestoreStrategy | str = "auto", key: bytes | str | None = None,
-        buffer_state: BufferState | str = BufferState.VALUES,
+        buffer_state: BufferState | str = BufferState.VALUES, code_changes: CodeChanges | str = CodeChanges.REFUSE,
     ) -> DataLoader2[Any]:
         """A loader built from the graph pickled in ``src``, positioned where it was saved.
 
         Without ``reading_service``, the service saved in the snapshot is used again.
         """
         snap, reading_service = _loader_restore.load_with_graph(src, reading_service, key)
-        loader: DataLoader2[Any] = cls(None, reading_service=reading_service, buffer_state=buffer_state)
+        loader: DataLoader2[Any] = cls(None, reading_service=reading_service, buffer_state=buffer_state,
+                                       code_changes=code_changes)
         loader._restore(snap, RestoreStrategy.parse(strategy))
         return loader
 

@@ -55,6 +55,8 @@ def at_stop(loader: LoaderParts, error: BaseException | None = None) -> Stopped:
         return Stopped(why_not=f"it stopped because its graph raised {type(error).__name__} ({_summary(error)}) after "
                                f"{pos.yielded} samples of epoch {pos.epoch}, and a graph's position past a "
                                "failure is not a point of the uninterrupted stream", distributed=distributed)
+    if distributed:  # a save after the stop is refused anyway: its process group is released
+        return Stopped(distributed=True)
     try:
         service = loader.reading_service.checkpoint()
     except Exception as exc:  # noqa: BLE001 - a dead worker, a service without checkpoint(): said at save

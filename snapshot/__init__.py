@@ -49,7 +49,7 @@ from snapshot.errors import (
     VersionSkewError,
     WorkerError,
 )
-from snapshot.plan import RestoreStrategy
+from snapshot.plan import CodeChanges, RestoreStrategy
 from snapshot.restore import restore
 
 # Loggers are "snapshot.<module>"; the library prints nothing unless the application
@@ -100,6 +100,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "CodeChanges",
     "CorruptSnapshotError",
     "DataLoader2",
     "DataLoader2Iterator",

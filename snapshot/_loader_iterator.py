@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from snapshot import _serialization
+from snapshot._warnings import user_stacklevel
 from snapshot.hooks._positions import BufferState
 from snapshot.reading_service.base import ReadingServiceInterface
 
@@ -31,9 +33,14 @@ def not_a_datapipe(datapipe: Any) -> str:
     if isinstance(datapipe, IterableDataset):
         return (f"{head} Wrap an iterable dataset in IterableWrapper(dataset) (from {wrappers}.iter); "
                 "its position is then replayed on restore unless it has state_dict()/load_state_dict().")
-    if isinstance(datapipe, Dataset) or (hasattr(datapipe, "__getitem__") and hasattr(datapipe, "__len__")
-                                         and not isinstance(datapipe, (str, bytes, dict))):
-        return (f"{head} For a map-style dataset or a sequence, pass {by_index} (IterableWrapper from "
+    sequence = (hasattr(datapipe, "__getitem__") and hasattr(datapipe, "__len__")
+                and not isinstance(datapipe, (str, bytes, dict)))
+    if sequence and not isinstance(datapipe, Dataset):  # a list, a tuple: wrap it as it is
+        return (f"{head} Wrap it in IterableWrapper(data) (from {wrappers}.iter), then .shuffle(), .map(...) "
+                f"as needed. For a large sequence read by index, {by_index} keeps only indices in the "
+                "graph and in snapshots.")
+    if isinstance(datapipe, Dataset) or sequence:
+        return (f"{head} For a map-style dataset, pass {by_index} (IterableWrapper from "
                 f"{wrappers}.iter; add .shuffle() after IterableWrapper to shuffle the indices), or, with torchdata "
                 f"installed, SequenceWrapper(data) (from {wrappers}.map) or its .to_iter_datapipe().")
     if isinstance(datapipe, Iterable):
@@ -109,8 +116,8 @@ class DataLoader2Iterator(Iterator[T_co]):
             except StopIteration:
                 loader._end_epoch()
                 raise
-            except Exception:
-                loader.shutdown()
+            except Exception as exc:
+                loader._stop_after_error(exc)
                 raise
         pos.yielded += 1
         loader._pausing.count()
@@ -151,14 +158,26 @@ def adapter_list(datapipe_adapter_fn: Any) -> list[Any] | None:
     return [datapipe_adapter_fn]
 
 
-def adapted_copy(datapipe: Any, adapter_fns: list[Any] | None) -> tuple[Any, bytes]:
-    """A private copy of ``datapipe`` with the adapters applied, and its pickle."""
+def adapted_copy(datapipe: Any, adapter_fns: list[Any] | None) -> tuple[Any, bytes, str | None]:
+    """A private copy of ``datapipe`` with the adapters applied, the pickle a snapshot keeps of it
+    (portable to another script: see ``_serialization.portable_graph``) and why it is not portable."""
     datapipe, data = _serialization.clone(datapipe)
     if adapter_fns is not None:
         for adapter_fn in adapter_fns:
             datapipe = adapter_fn(datapipe)
         data = _serialization.dumps_graph(datapipe)
-    return datapipe, data
+    portable, problem = _serialization.portable_graph(datapipe, data)
+    if len(portable) - len(data) > _COPIED_GLOBALS_WARNING:
+        warnings.warn(
+            f"the functions of your script use globals that make the graph's pickle {len(portable) / 2**20:.0f} "
+            f"MiB (without them: {len(data) / 2**20:.0f} MiB), and every snapshot with the graph holds a copy. "
+            "Move large data into a module the restoring script imports, or save with include_graph=False "
+            "and build the graph in code before restoring.", stacklevel=user_stacklevel())
+    return datapipe, portable, problem
+
+
+#: Bytes of script globals copied into the graph's pickle above which the loader warns.
+_COPIED_GLOBALS_WARNING = 16 * 2**20
 
 
 def checked_service(service: Any) -> ReadingServiceInterface:

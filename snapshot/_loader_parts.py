@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from snapshot._background import BackgroundSaver
-    from snapshot._loader_position import LivePosition, Pausing
+    from snapshot._loader_position import LivePosition, Pausing, Stopped
     from snapshot.graph import Graph
+    from snapshot.plan import CodeChanges
     from snapshot.reading_service.base import ReadingServiceInterface
 
 __all__ = ["IteratedLoader", "LoaderParts"]
@@ -25,6 +26,7 @@ class IteratedLoader(Protocol):
     _pausing: Pausing
 
     def shutdown(self) -> None: ...
+    def _stop_after_error(self, error: BaseException) -> None: ...
     def _end_epoch(self) -> None: ...
     def _limit(self, num_batches: int | None) -> None: ...
     def _resume(self) -> None: ...
@@ -35,11 +37,15 @@ class LoaderParts(Protocol):
 
     reading_service: ReadingServiceInterface
     datapipe: Any
+    code_changes: CodeChanges
     _graph: Graph | None
     _graph_bytes: bytes | None
+    _graph_problem: str | None
+    _graph_from_snapshot: bool
     _service_bytes: bytes
     _position: LivePosition
     _terminated: bool
+    _stopped: Stopped | None
     _saver: BackgroundSaver
 
     def state_dict(self) -> dict[str, Any]: ...

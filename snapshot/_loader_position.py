@@ -74,6 +74,38 @@ class LivePosition:
 
 
 @dataclass
+class Stopped:
+    """What a stopped loader (``shutdown()``, the end of a ``with`` block) still knows of its
+    position: the reading service's checkpoint, taken as it stopped while its workers were still
+    there, or why there is none (the graph raised, a worker died, the service cannot checkpoint).
+    A save after the stop uses it, so it restores exactly where the loader stopped."""
+
+    #: The service's checkpoint (``{}`` before the first epoch); ``None`` when ``why_not`` says why.
+    service: dict[str, Any] | None = None
+    why_not: str | None = None
+    #: Whether the loader spanned ranks: its process group is gone, so a save must come first.
+    distributed: bool = False
+
+
+class PausingMethods:
+    """torchdata 0.9's pause / resume / limit on ``DataLoader2`` (private in 0.9 too): through
+    :class:`Pausing`, the loader's ``_pausing``."""
+
+    _pausing: Pausing
+
+    def _pause(self) -> None:
+        """Make the current iterator stop (``StopIteration``) until :meth:`_resume`."""
+        self._pausing.pause()
+
+    def _resume(self) -> None:
+        self._pausing.resume()
+
+    def _limit(self, num_batches: int | None) -> None:
+        """Pause after ``num_batches`` more samples, then again after each ``num_batches``."""
+        self._pausing.limit(num_batches)
+
+
+@dataclass
 class Pausing:
     """torchdata 0.9's pause and limit: the iterator stops (``StopIteration``) without ending
     the epoch. Pausing changes nothing but the loader's willingness to yield: workers keep what
@@ -108,3 +140,15 @@ class Pausing:
         self.counter += 1
         if self.counter >= self.threshold:
             self.pause()
+
+
+def loader_repr(graph: Any, service: Any, position: LivePosition | None, terminated: bool) -> str:
+    """``repr(DataLoader2)``: its graph's sink and size, the reading service, where it stands."""
+    sink = "no graph" if graph is None else f"{type(graph.sink).__name__}, {len(graph.nodes)} nodes"
+    workers = getattr(service, "num_workers", None)
+    service_name = type(service).__name__ + (f"(num_workers={workers})" if workers else "")
+    if position is None or position.epoch < 0:
+        where = "not started"
+    else:
+        where = f"epoch {position.epoch}, " + ("finished" if position.epoch_finished else f"{position.yielded} yielded")
+    return f"DataLoader2({sink}; {service_name}; {where}" + ("; shut down)" if terminated else ")")

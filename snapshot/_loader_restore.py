@@ -6,6 +6,7 @@ position is put back as it was.
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +53,7 @@ def restore(loader: LoaderParts, snap: Snapshot, strategy: RestoreStrategy) -> N
             )
         loader._set_graph_bytes(snap.graph)
     assert loader._graph is not None
-    check_graph([node.to_dict() for node in snap.info.graph.nodes], loader._graph)
+    check_graph([node.to_dict() for node in snap.info.graph.nodes], loader._graph, loader.code_changes)
     make_plan(loader._graph, {}, strategy)  # refuses an impossible strategy up front
     state = snap.state
     problems = loader.reading_service.validate(state["service"]) if state["service"] else []
@@ -78,12 +79,36 @@ def restore(loader: LoaderParts, snap: Snapshot, strategy: RestoreStrategy) -> N
         recorded = snap.info.verify if rank_position is not None else None
         if recorded is not None:
             verify(loader, recorded)
-    except BaseException:
+    except BaseException as exc:
+        if loader._graph_from_snapshot:
+            explain_missing_code(exc)
         loader._position = before
         if before.datapipe_iter is not None:  # the previous epoch's run was replaced: start afresh
             before.datapipe_iter = None
             before.reset_iter = True
         raise
+
+
+def explain_missing_code(exc: BaseException) -> None:
+    """Add the likely cause and the fix to a ``NameError``/``ImportError`` that a graph unpickled from a
+    snapshot raised (a function pickled with the script that saved it, whose globals or imports are
+    not here)."""
+    if not isinstance(exc, (NameError, ImportError)) or not hasattr(exc, "add_note"):
+        return
+    if getattr(exc, "_snapshot_explained", False):
+        return
+    setattr(exc, "_snapshot_explained", True)  # noqa: B010 - a private mark on a foreign exception
+    found = re.search(r"name '([\w.]+)' is not defined|No module named '([\w.]+)'", str(exc))
+    missing = next((name for name in found.groups() if name), None) if found else None
+    kind = "module" if isinstance(exc, ImportError) else "name"
+    what = f"the {kind} {missing!r}" if missing else f"a {kind}"
+    exc.add_note(
+        f"This graph was unpickled from a snapshot, and one of its functions needs {what}, which this process "
+        "does not have. Likely cause: the function was defined in the script that saved the snapshot and uses a "
+        "global or an import of that script (snapshots from older versions of snapshot did not carry a "
+        "script's globals), or it imports a module that is not installed here. Fix: put the function in a module that "
+        "both scripts import, or build the graph in code and call restore_snapshot(); or save again from the "
+        "first script with this version, which pickles a script's functions with the globals they use.")
 
 
 def _rank_position(state: dict[str, Any], collective: Any) -> Any:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+import warnings
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from snapshot import _loader_restore, _object_directory, _rotation, _serialization, _staging, _storage
 from snapshot._io import save
+from snapshot._loader_stop import stopped_service
+from snapshot._warnings import user_stacklevel
 from snapshot.capture import LoaderState, Snapshot, capture, snapshot_of
-from snapshot.errors import SnapshotError
+from snapshot.errors import SerializationError, SnapshotError
 from snapshot.format import PathOrFile
 from snapshot.multipart import part_info, parts_state_dict
 
@@ -31,7 +34,10 @@ def snapshot_source(loader: LoaderParts, *, include_graph: bool, verify: int = 0
     if loader._graph is None:
         raise SnapshotError("this DataLoader2 has no graph yet; nothing to capture")
     pos = loader._position
-    service_state = loader.reading_service.checkpoint() if pos.epoch >= 0 else {}
+    if loader._terminated:
+        service_state = stopped_service(loader._stopped, verify)
+    else:
+        service_state = loader.reading_service.checkpoint() if pos.epoch >= 0 else {}
     source = LoaderState(
         epoch=pos.epoch,
         yielded=pos.yielded,
@@ -44,6 +50,7 @@ def snapshot_source(loader: LoaderParts, *, include_graph: bool, verify: int = 0
         service_name=type(loader.reading_service).__name__,
         graph_nodes=loader._graph.describe(),
         graph_fingerprint=loader._graph.fingerprint,
+        code_changes=loader.code_changes.value,
         graph_bytes=loader._graph_bytes if include_graph else None,
         service_bytes=loader._service_bytes,
         lookahead=list(pos.lookahead),
@@ -53,9 +60,26 @@ def snapshot_source(loader: LoaderParts, *, include_graph: bool, verify: int = 0
     return source
 
 
+def check_portable(loader: LoaderParts, include_graph: bool = True, *, strict: bool = True) -> None:
+    """Refuse (``strict``) or warn about a graph whose pickle would not load in another script."""
+    problem = loader._graph_problem
+    if not include_graph or problem is None:
+        return
+    message = (f"the DataPipe graph cannot be saved so that another script can load it: {problem}. Move that "
+               "function (and what it uses) into a module the restoring script can import, or make the value "
+               "picklable; or save with include_graph=False and build the same graph in code before "
+               "restore_snapshot()")
+    if strict:
+        raise SerializationError(message + ".")
+    warnings.warn(message + ". This state dict's graph loads only in the script that saved it (from_state "
+                  "elsewhere fails); load_state_dict() onto a graph built in code is not affected.",
+                  stacklevel=user_stacklevel())
+
+
 def save_now(loader: LoaderParts, dest: PathOrFile | None, *, include_graph: bool,
              keep_last: int | None, key: bytes | str | None, verify: int) -> Snapshot:
     """Capture and, when ``dest`` is given, write (a collective across ranks)."""
+    check_portable(loader, include_graph)
     collective = loader._collective()
     snap = capture(loader, include_graph=include_graph, verify=verify)
     if dest is not None and collective is not None and _storage.is_url(dest):
@@ -78,6 +102,7 @@ def save_in_background(loader: LoaderParts, dest: PathOrFile | None, *, include_
         raise TypeError(
             f"save_snapshot(blocking=False) writes to a path, got {type(dest).__name__}; pass a "
             "path, or use blocking=True to write to a file object or to get the Snapshot")
+    check_portable(loader, include_graph)
     path = os.fspath(dest)
     done: Future[str] = Future()
     if loader._collective() is not None:
@@ -98,6 +123,7 @@ def save_in_background(loader: LoaderParts, dest: PathOrFile | None, *, include_
 
 def state_dict(loader: LoaderParts) -> dict[str, Any]:
     """``loader.state_dict()``: across ranks, every rank's part on every rank (DCP keeps one copy)."""
+    check_portable(loader, strict=False)
     snap = capture(loader, include_graph=True)
     collective = loader._collective()
     if collective is None:

@@ -12,6 +12,7 @@ import contextlib
 import io
 import pickle
 import threading
+import types
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -19,7 +20,8 @@ import dill
 
 from snapshot.errors import SerializationError
 
-__all__ = ["clone", "cooperative", "decode_nodes", "dumps", "dumps_graph", "encode_nodes", "loads", "loads_graph"]
+__all__ = ["clone", "cooperative", "decode_nodes", "dumps", "dumps_graph", "encode_nodes", "loads", "loads_graph",
+           "portable_graph"]
 
 _PICKLE = b"P"
 _DILL = b"D"
@@ -99,11 +101,40 @@ def _graph(datapipe: Any) -> Any:
     return Graph(datapipe)
 
 
-def _culprit(graph: Any) -> str:
+def _function_of(value: Any) -> types.FunctionType | None:
+    """The function behind a callable (a function, a partial, a bound method), if any."""
+    for _ in range(8):
+        if isinstance(value, types.FunctionType):
+            return value
+        value = getattr(value, "func", None) or getattr(value, "__func__", None)
+        if value is None:
+            return None
+    return None
+
+
+def _global_culprit(value: Any) -> str:
+    """Which global of the function behind ``value`` cannot be pickled with it (or ``""``)."""
+    fn = _function_of(value)
+    if fn is None:
+        return ""
+    try:
+        names = dill.detect.globalvars(fn, recurse=True)
+    except Exception:  # noqa: BLE001 - no better diagnosis
+        return ""
+    for name, used in names.items():
+        try:
+            dill.dumps(used, recurse=True)
+        except Exception as exc:  # noqa: BLE001 - diagnosing an arbitrary pickling failure
+            return (f"; the function {fn.__qualname__} (in {fn.__module__}) uses the global {name!r} = "
+                    f"{type(used).__name__}, which cannot be pickled ({type(exc).__name__}: {exc})")
+    return ""
+
+
+def _culprit(graph: Any, *, recurse: bool = False) -> str:
     """Name the innermost node (and attribute) that stops the graph from pickling."""
     for node in reversed(graph.nodes):  # inputs come after their consumers in graph order
         try:
-            dill.dumps(node.datapipe)
+            dill.dumps(node.datapipe, recurse=recurse)
             continue
         except Exception as exc:  # noqa: BLE001 - diagnosing an arbitrary pickling failure
             error = exc
@@ -116,12 +147,12 @@ def _culprit(graph: Any) -> str:
             if id(value) in inputs:
                 continue
             try:
-                dill.dumps(value)
+                dill.dumps(value, recurse=recurse)
             except Exception as attr_error:  # noqa: BLE001 - same diagnosis, per attribute
                 return (
                     f"the DataPipe at {node.path} ({node.signature}) holds attribute "
                     f"{name!r} = {type(value).__name__} that cannot be pickled "
-                    f"({type(attr_error).__name__}: {attr_error})"
+                    f"({type(attr_error).__name__}: {attr_error}){_global_culprit(value) if recurse else ''}"
                 )
         return f"the DataPipe at {node.path} ({node.signature}) cannot be pickled ({error})"
     return "the graph cannot be pickled"
@@ -177,7 +208,12 @@ _ABSENT = object()
 
 
 def dumps_graph(datapipe: Any) -> bytes:
-    """Pickle a DataPipe graph with dill, naming the pipe that fails."""
+    """Pickle a DataPipe graph with dill, naming the pipe that fails.
+
+    Functions and classes of ``__main__`` (a script, a notebook) refer to this process's
+    ``__main__`` and share its globals: the loader's own copy of the graph sees the script's
+    globals as they change. A snapshot keeps :func:`portable_graph` instead.
+    """
     try:
         with _ByValueClasses(datapipe):
             return _DILL + dill.dumps(datapipe, protocol=pickle.HIGHEST_PROTOCOL)
@@ -187,6 +223,23 @@ def dumps_graph(datapipe: Any) -> bytes:
             f"cannot pickle the DataPipe graph: {detail}. Make that value picklable, or save "
             "with include_graph=False and rebuild the same graph in code before restoring."
         ) from exc
+
+
+def portable_graph(datapipe: Any, data: bytes) -> tuple[bytes, str | None]:
+    """The graph pickle a snapshot keeps, so that ``from_snapshot`` works in another script.
+
+    ``data`` is :func:`dumps_graph` of ``datapipe``. When it refers to ``__main__``, the graph is
+    pickled again with the functions and classes of ``__main__`` carrying the globals they use
+    (dill's ``recurse``). When that is impossible, ``data`` comes back with the reason: which
+    pipe, which function and which global.
+    """
+    if b"__main__" not in data:  # nothing from the script: loads wherever the modules import
+        return data, None
+    try:
+        with _ByValueClasses(datapipe):
+            return _DILL + dill.dumps(datapipe, protocol=pickle.HIGHEST_PROTOCOL, recurse=True), None
+    except Exception:  # noqa: BLE001 - reported at the save that needs it, with the culprit
+        return data, _culprit(_graph(datapipe), recurse=True)
 
 
 def loads_graph(data: bytes) -> Any:

@@ -46,6 +46,7 @@ class LoaderState:
     service_bytes: bytes | None
     lookahead: list[Any] = field(default_factory=list)
     verify: dict[str, Any] | None = None
+    code_changes: str = "refuse"
 
     def restore_state(self) -> dict[str, Any]:
         return {
@@ -148,7 +149,8 @@ def _manifest(source: LoaderState, service: Mapping[str, Any], payload: bytes,
             seed_source="user" if source.seed_given else ("drawn" if source.seed is not None else None),
             node_seeds=node_seeds),
         graph=schema.GraphDesc(source.graph_fingerprint, source.graph_bytes is not None,
-                               tuple(schema.NodeDesc.from_dict(n) for n in source.graph_nodes)),
+                               tuple(schema.NodeDesc.from_dict(n) for n in source.graph_nodes),
+                               source.code_changes),
         service=schema.ServiceLayout.from_dict({"name": source.service_name, **service.get("layout", {})}),
         shards=tuple(_shard_position(s) for s in service.get("shards", [])),
         upstream=tuple(_upstream_position(u) for u in service.get("upstream", [])),

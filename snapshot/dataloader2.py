@@ -19,7 +19,7 @@ from typing import Any, Generic, Literal, TypeVar, overload
 
 from torch.utils.data import IterDataPipe, MapDataPipe
 
-from snapshot import _lightning_guard, _loader_restore, _loader_save, _serialization
+from snapshot import _lightning_guard, _loader_restore, _loader_save, _loader_stop, _serialization
 from snapshot._background import BackgroundSaver
 from snapshot._loader_iterator import (
     DataLoader2Iterator,
@@ -30,12 +30,12 @@ from snapshot._loader_iterator import (
     map_to_iter,
     not_a_datapipe,
 )
-from snapshot._loader_position import LivePosition, Pausing
+from snapshot._loader_position import LivePosition, Pausing, PausingMethods, Stopped, loader_repr
 from snapshot.capture import LoaderState, Snapshot
 from snapshot.format import PathOrFile
 from snapshot.graph import Graph
 from snapshot.hooks._positions import BufferState
-from snapshot.plan import RestoreStrategy
+from snapshot.plan import CodeChanges, RestoreStrategy
 from snapshot.randomness import UINT64_LIMIT
 from snapshot.reading_service.base import ReadingServiceInterface
 from snapshot.restore import restore as _restore_into
@@ -44,7 +44,7 @@ __all__ = ["DataLoader2", "DataLoader2Iterator"]
 
 T_co = TypeVar("T_co", covariant=True)
 
-class DataLoader2(Generic[T_co]):
+class DataLoader2(PausingMethods, Generic[T_co]):
     """Load data from a DataPipe graph through a reading service, with exact snapshots.
 
     Args:
@@ -60,6 +60,9 @@ class DataLoader2(Generic[T_co]):
             followed by ``map``; elsewhere values, and the manifest says why). Positions make a
             large shuffle buffer's snapshot small; they assume the map functions are
             deterministic.
+        code_changes: what restoring does when a function of the graph has other code than
+            when the snapshot was saved: ``"refuse"`` (a ``GraphMismatchError`` naming it),
+            ``"warn"`` or ``"allow"`` (see ``CodeChanges``; recorded in the manifest).
 
     Examples:
         >>> from torch.utils.data.datapipes.iter import IterableWrapper
@@ -82,8 +85,9 @@ class DataLoader2(Generic[T_co]):
         reading_service: ReadingServiceInterface | None = None,
         *,
         buffer_state: BufferState | str = BufferState.VALUES,
+        code_changes: CodeChanges | str = CodeChanges.REFUSE,
     ) -> None:
-        self.buffer_state = BufferState.parse(buffer_state)
+        self.buffer_state, self.code_changes = BufferState.parse(buffer_state), CodeChanges.parse(code_changes)
         if datapipe is not None and not isinstance(datapipe, (IterDataPipe, MapDataPipe)):
             raise TypeError(not_a_datapipe(datapipe))
         if isinstance(datapipe, MapDataPipe):
@@ -95,11 +99,15 @@ class DataLoader2(Generic[T_co]):
         configure_buffers(self.reading_service, self.buffer_state)
         self.datapipe: Any = None
         self._graph: Graph | None = None
-        self._graph_bytes: bytes | None = None
+        self._graph_bytes: bytes | None = None  # the pickle snapshots keep (see adapted_copy)
+        self._graph_problem: str | None = None  # why it would not load in another script
+        self._graph_from_snapshot = False  # unpickled from a snapshot (see explain_missing_code)
         if datapipe is not None:  # a private, adapted copy; its pickle kept for snapshots
-            datapipe, data = adapted_copy(datapipe, self.datapipe_adapter_fns)
+            datapipe, data, self._graph_problem = adapted_copy(datapipe, self.datapipe_adapter_fns)
             self._set_graph_bytes(data, datapipe)
         self._terminated = False
+        #: Set by ``shutdown()``: the position it kept for saves after it (see ``Stopped``).
+        self._stopped: Stopped | None = None
         self.valid_iterator_id: int | None = None
         #: Epoch, samples yielded, randomness (torchdata 0.9 semantics) and the running iterator.
         self._position = LivePosition()
@@ -108,7 +116,7 @@ class DataLoader2(Generic[T_co]):
         self._saver = BackgroundSaver()
 
     def _set_graph_bytes(self, data: bytes, datapipe: Any = None) -> None:
-        self._graph_bytes = data
+        self._graph_bytes, self._graph_from_snapshot = data, datapipe is None
         self.datapipe = datapipe if datapipe is not None else _serialization.loads_graph(data)
         self._graph = Graph(self.datapipe)
 
@@ -145,25 +153,18 @@ class DataLoader2(Generic[T_co]):
         self._position.reset_seed = True
 
     def shutdown(self) -> None:
-        """Wait for a background save, stop the reading service (worker processes, ...).
-        Safe to call twice."""
-        saver = getattr(self, "_saver", None)
-        if saver is not None:
-            saver.wait()
-        if not self._terminated:
-            self._terminated = True
-            service = getattr(self, "reading_service", None)
-            if service is not None:
-                service.finalize_iteration()
-                service.finalize()
-        position = getattr(self, "_position", None)
-        if position is not None:
-            position.reset_iter = True
-            position.datapipe_iter = None
+        """Wait for a background save, stop the reading service (worker processes, ...). Safe to
+        call twice. A save after it (or after a ``with`` block) restores exactly where the loader
+        stopped; after a failure of the graph or a worker it raises (see ``_loader_stop``)."""
+        _loader_stop.stop(self, keep_position=True)
+
+    def _stop_after_error(self, error: BaseException) -> None:
+        """The graph raised ``error`` into the loop: stop, keeping why a later save cannot be exact."""
+        _loader_stop.stop(self, keep_position=True, error=error)
 
     def __del__(self) -> None:
         try:
-            self.shutdown()
+            _loader_stop.stop(self, keep_position=False)  # nobody saves a collected loader: no capture
         except Exception:  # noqa: BLE001 - never raise from a finalizer
             pass
 
@@ -172,19 +173,6 @@ class DataLoader2(Generic[T_co]):
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         self.shutdown()
-
-    # -- torchdata 0.9's pause / resume / limit (private in 0.9 too; see ``Pausing``) -------
-
-    def _pause(self) -> None:
-        """Make the current iterator stop (``StopIteration``) until :meth:`_resume`."""
-        self._pausing.pause()
-
-    def _resume(self) -> None:
-        self._pausing.resume()
-
-    def _limit(self, num_batches: int | None) -> None:
-        """Pause after ``num_batches`` more samples, then again after each ``num_batches``."""
-        self._pausing.limit(num_batches)
 
     # -- snapshots ------------------------------------------------------------------------
 
@@ -213,16 +201,12 @@ class DataLoader2(Generic[T_co]):
         served from a buffer, so nothing is lost); restoring then checks the restored stream
         against them.
 
-        ``blocking=False`` (``dest`` a path) captures the position now and pickles and
-        writes it in a background thread while iteration goes on; it returns a
-        ``concurrent.futures.Future`` whose result is the path, or whose exception says why
-        the save failed (also logged). The capture shares only immutable samples (``bytes``,
-        strings, numbers) with the live graph; tensors, arrays and other objects in buffers
-        are copied first (see ``snapshot._staging``). One save runs at a time per loader: a
-        second waits for the first, and so do ``shutdown()`` and the interpreter's exit. The
-        write is atomic as with ``blocking=True`` (``keep_last`` prunes once it is written).
-        Across ranks the save is a collective and stays synchronous: the returned future is
-        already done.
+        ``blocking=False`` (``dest`` a path) captures the position now, then pickles and writes
+        it in a background thread while iteration goes on (buffered tensors and other mutable
+        samples are copied first); it returns a ``concurrent.futures.Future`` of the path, or of
+        the reason the save failed (also logged). One save runs at a time per loader; a second,
+        ``shutdown()`` and the interpreter's exit wait for it. The write is atomic, and across
+        ranks the save stays synchronous (the future is already done).
         """
         if keep_last is not None:
             _loader_save.check_keep_last(dest, keep_last)
@@ -231,7 +215,10 @@ class DataLoader2(Generic[T_co]):
         return save(self, dest, include_graph=include_graph, keep_last=keep_last, key=key, verify=verify)
 
     def _collective(self) -> Any:
-        """The reading service's collective operations when it spans ranks (else ``None``)."""
+        """The reading service's collective operations when it spans ranks (else ``None``, also
+        once the loader is stopped: its process group is released)."""
+        if self._terminated:
+            return None
         return getattr(self.reading_service, "collective", None)
 
     def restore_snapshot(
@@ -252,14 +239,15 @@ class DataLoader2(Generic[T_co]):
     def from_snapshot(
         cls, src: Any, reading_service: ReadingServiceInterface | None = None, *,
         strategy: RestoreStrategy | str = "auto", key: bytes | str | None = None,
-        buffer_state: BufferState | str = BufferState.VALUES,
+        buffer_state: BufferState | str = BufferState.VALUES, code_changes: CodeChanges | str = CodeChanges.REFUSE,
     ) -> DataLoader2[Any]:
         """A loader built from the graph pickled in ``src``, positioned where it was saved.
 
         Without ``reading_service``, the service saved in the snapshot is used again.
         """
         snap, reading_service = _loader_restore.load_with_graph(src, reading_service, key)
-        loader: DataLoader2[Any] = cls(None, reading_service=reading_service, buffer_state=buffer_state)
+        loader: DataLoader2[Any] = cls(None, reading_service=reading_service, buffer_state=buffer_state,
+                                       code_changes=code_changes)
         loader._restore(snap, RestoreStrategy.parse(strategy))
         return loader
 
@@ -288,6 +276,10 @@ class DataLoader2(Generic[T_co]):
                    ) -> DataLoader2[Any]:
         """A loader built from a state dict's pickled graph, positioned where it was saved."""
         return cls.from_snapshot(state, reading_service)
+
+    def __repr__(self) -> str:
+        return loader_repr(getattr(self, "_graph", None), getattr(self, "reading_service", None),
+                           getattr(self, "_position", None), getattr(self, "_terminated", False))
 
     def __getstate__(self) -> Any:
         raise pickle.PicklingError(

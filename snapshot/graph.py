@@ -14,7 +14,11 @@ depth-first walk that follows attributes in definition order.
 Each node has a structural fingerprint: its type and the constructor arguments that
 matter, reduced to stable tokens (numbers and strings by value, functions by qualified
 name, large collections by length and a sample, other objects by type). The graph's
-fingerprint covers every node and every edge.
+fingerprint covers every node and every edge. Apart from it, each node has a *code*
+fingerprint per function argument (``Node.code``): the function's bytecode, constants and
+names, recursively through nested code objects, closures and the functions of its own module
+that it calls, so an edited function is seen even when its name is not changed. Bytecode
+differs between Python versions, so a code fingerprint is tagged with the version that made it.
 
 torchdata 0.9's graph utilities (``traverse_dps``, ``list_dps``, ``find_dps``,
 ``replace_dp``, ``remove_dp``, ``set_datapipes_seed``, ``set_graph_random_seed``, ``DataPipe``)
@@ -26,17 +30,14 @@ This module knows nothing of snapshots, files or reading services.
 
 from __future__ import annotations
 
-import enum
 import functools
 import hashlib
 import inspect
-import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch.utils.data import IterDataPipe, MapDataPipe
-
+from snapshot._code import code_fingerprint, python_of
 from snapshot._graph_utils import (
     DataPipe,
     DataPipeGraph,
@@ -48,6 +49,7 @@ from snapshot._graph_utils import (
     set_graph_random_seed,
     traverse_dps,
 )
+from snapshot._tokens import _MAX_TOKEN_ITEMS, _is_datapipe, _token, describe_value, type_name
 
 __all__ = ["ROOT", "DataPipe", "DataPipeGraph", "Graph", "Node", "NodeDiff", "compare_nodes", "describe_value",
            "find_dps", "list_dps", "remove_dp", "replace_dp", "set_datapipes_seed", "set_graph_random_seed",
@@ -56,83 +58,7 @@ __all__ = ["ROOT", "DataPipe", "DataPipeGraph", "Graph", "Node", "NodeDiff", "co
 ROOT = "0"
 #: Collections longer than this are not searched for input DataPipes.
 _MAX_SCAN = 256
-#: Collections longer than this are fingerprinted by length and a sample of items.
-_MAX_TOKEN_ITEMS = 64
 _DISPLAY_WIDTH = 80
-
-
-def type_name(obj_or_type: Any) -> str:
-    """``module.QualName`` of a type (or of an object's type)."""
-    cls = obj_or_type if isinstance(obj_or_type, type) else type(obj_or_type)
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _is_datapipe(value: Any) -> bool:
-    return isinstance(value, (IterDataPipe, MapDataPipe))
-
-
-def _callable_token(value: Any) -> str:
-    if isinstance(value, functools.partial):
-        args = ", ".join(_token(a) for a in value.args)
-        kwargs = ", ".join(f"{k}={_token(v)}" for k, v in sorted(value.keywords.items()))
-        inner = ", ".join(x for x in (_callable_token(value.func), args, kwargs) if x)
-        return f"partial({inner})"
-    if isinstance(value, types.MethodType):
-        return f"{type_name(value.__self__)}.{value.__func__.__name__}"
-    module = getattr(value, "__module__", None) or "?"
-    name = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
-    if name is None:  # a callable object
-        return f"<{type_name(value)}>"
-    return f"{module}.{name}"
-
-
-def _token(value: Any, depth: int = 0) -> str:
-    """A stable, address-free token for ``value`` (used for fingerprints)."""
-    if value is None or isinstance(value, (bool, int, float, str, range, slice)):
-        return repr(value)
-    if isinstance(value, enum.Enum):
-        return f"{type(value).__qualname__}.{value.name}"
-    if isinstance(value, (bytes, bytearray)):
-        return f"bytes[{len(value)}]:{hashlib.sha256(value).hexdigest()[:16]}"
-    if isinstance(value, type):
-        return type_name(value)
-    if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType,
-                          functools.partial)):
-        return _callable_token(value)
-    if _is_datapipe(value):
-        return f"<{type_name(value)}>"
-    if isinstance(value, (list, tuple, set, frozenset, dict)) and depth < 3:
-        return _collection_token(value, depth)
-    return f"<{type_name(value)}>"
-
-
-def _collection_token(value: Any, depth: int) -> str:
-    name = type(value).__name__
-    if isinstance(value, dict):
-        items = [f"{_token(k, depth + 1)}: {_token(v, depth + 1)}" for k, v in value.items()]
-    elif isinstance(value, (set, frozenset)):
-        items = sorted(_token(v, depth + 1) for v in value)
-    else:
-        items = [_token(v, depth + 1) for v in value] if len(value) <= _MAX_TOKEN_ITEMS else []
-    if len(value) <= _MAX_TOKEN_ITEMS:
-        return f"{name}[{', '.join(items)}]"
-    # Large collections: length plus a sample from both ends, so that fingerprinting
-    # IterableWrapper(list_of_a_million_items) stays cheap and still sees edits at the ends.
-    seq = list(value.items()) if isinstance(value, dict) else value
-    if isinstance(seq, (set, frozenset)):
-        return f"{name}[{len(value)}]"
-    head = [_token(v, depth + 1) for v in list(seq[:8])]
-    tail = [_token(v, depth + 1) for v in list(seq[-8:])]
-    sample = hashlib.sha256("|".join(head + tail).encode()).hexdigest()[:16]
-    return f"{name}[{len(value)}]:{sample}"
-
-
-def describe_value(value: Any) -> str:
-    """A short human-readable rendering of an argument (for manifests and messages)."""
-    text = _token(value)
-    if len(text) > _DISPLAY_WIDTH:
-        text = text[: _DISPLAY_WIDTH - 3] + "..."
-    return text
 
 
 _PARAMETERS: dict[type, tuple[str, ...]] = {}
@@ -200,6 +126,23 @@ def _collect(segment: str, value: Any, edges: list[tuple[str, Any]], depth: int)
                 _collect(f"{segment}/{key}", item, edges, depth + 1)
 
 
+def _code_args(datapipe: Any) -> dict[str, str]:
+    """The code fingerprint of every function argument of ``datapipe`` (items of a list or
+    dict argument as ``name[i]``)."""
+    code: dict[str, str] = {}
+    for name in _init_parameters(type(datapipe)):
+        value = getattr(datapipe, name, None)
+        items = (enumerate(value) if isinstance(value, (list, tuple)) and len(value) <= _MAX_TOKEN_ITEMS else
+                 value.items() if isinstance(value, dict) and len(value) <= _MAX_TOKEN_ITEMS else None)
+        for key, item in [(None, value)] if items is None else items:
+            if _is_datapipe(item):
+                continue
+            fingerprint = code_fingerprint(item)
+            if fingerprint is not None:
+                code[name if key is None else f"{name}[{key}]"] = fingerprint
+    return code
+
+
 @dataclass
 class Node:
     """One DataPipe in a graph."""
@@ -216,6 +159,11 @@ class Node:
         text = self.type + "(" + ", ".join(f"{k}={v}" for k, v in self.args.items()) + ")"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
+    @functools.cached_property
+    def code(self) -> dict[str, str]:
+        """The code fingerprint of each function argument (see :func:`code_fingerprint`)."""
+        return _code_args(self.datapipe)
+
     @property
     def signature(self) -> str:
         """``Type(arg=value, ...)`` for messages, with long values shortened."""
@@ -228,8 +176,8 @@ class Node:
         return f"{short}({', '.join(parts)})"
 
     def describe(self) -> dict[str, Any]:
-        """JSON-able description (used by manifests)."""
-        return {
+        """JSON-able description (used by manifests); ``code`` only for a node with functions."""
+        described = {
             "path": self.path,
             "type": self.type,
             "args": {k: (v if len(v) <= _DISPLAY_WIDTH else v[: _DISPLAY_WIDTH - 3] + "...")
@@ -237,6 +185,9 @@ class Node:
             "fingerprint": self.fingerprint,
             "inputs": list(self.inputs),
         }
+        if self.code:
+            described["code"] = dict(self.code)
+        return described
 
 
 class Graph:
@@ -343,11 +294,13 @@ class Graph:
 
 @dataclass(frozen=True)
 class NodeDiff:
-    """One difference between a saved graph description and a live graph."""
+    """One difference between a saved graph description and a live graph (``code``: only a
+    function's code differs; the structure is the same)."""
 
     path: str
     saved: str
     current: str
+    code: bool = False
 
     def __str__(self) -> str:
         return f"  at {self.path}:\n    in snapshot: {self.saved}\n    in loader:   {self.current}"
@@ -360,7 +313,7 @@ def _saved_signature(desc: dict[str, Any]) -> str:
 
 
 def compare_nodes(saved: list[dict[str, Any]], graph: Graph) -> list[NodeDiff]:
-    """Every node whose type, arguments or inputs differ between ``saved`` and ``graph``."""
+    """Every node whose type, arguments, inputs or functions' code differ between ``saved`` and ``graph``."""
     diffs: list[NodeDiff] = []
     saved_by_path = {d["path"]: d for d in saved}
     for desc in saved:
@@ -375,13 +328,30 @@ def compare_nodes(saved: list[dict[str, Any]], graph: Graph) -> list[NodeDiff]:
                 saved_sig = str(desc["type"]) + saved_sig[saved_sig.index("("):]
                 current_sig = node.type + current_sig[current_sig.index("("):]
             diffs.append(NodeDiff(desc["path"], saved_sig, current_sig))
-        elif list(desc.get("inputs", [])) != node.inputs:
+            continue
+        if list(desc.get("inputs", [])) != node.inputs:
             diffs.append(NodeDiff(
                 desc["path"],
                 f"inputs {desc.get('inputs', [])}",
                 f"inputs {node.inputs}",
             ))
+        diffs.extend(_code_diffs(desc, node))
     for node in graph.nodes:
         if node.path not in saved_by_path:
             diffs.append(NodeDiff(node.path, "(no node at this path)", node.signature))
+    return diffs
+
+
+def _code_diffs(desc: dict[str, Any], node: Node) -> list[NodeDiff]:
+    """The function arguments of ``node`` whose code differs from the saved fingerprints (those
+    made by another Python version cannot be compared, and are skipped)."""
+    diffs = []
+    for name, saved in desc.get("code", {}).items():  # older snapshots have none: nothing to compare
+        current = node.code.get(name)
+        if current is None or python_of(saved) != python_of(current) or saved == current:
+            continue
+        function = node.args.get(name.split("[", 1)[0], "?")
+        diffs.append(NodeDiff(node.path, f"{node.type.rsplit('.', 1)[-1]}: {name}={function} (code {saved})",
+                              f"{node.type.rsplit('.', 1)[-1]}: {name}={function} (code {current}: changed)",
+                              code=True))
     return diffs

@@ -14,24 +14,27 @@ Three strategies (``RestoreStrategy`` or their string values):
     node without a hook.
 
 Everything is checked before the loader is touched: the file, the graph (node by node, with
-saved and current side by side), the reading-service layout and the strategy. All
-problems are collected and raised together.
+saved and current side by side, and each function's code: see ``CodeChanges``), the
+reading-service layout and the strategy. All problems are collected and raised together.
 """
 
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from snapshot._choice import Choice
+from snapshot._warnings import user_stacklevel
 from snapshot.errors import GraphMismatchError, RestoreError, StrategyError
 
 if TYPE_CHECKING:  # the graph and the hooks import torch: loaded when a restore is planned
     from snapshot.graph import Graph
 
-__all__ = ["Plan", "RestoreStrategy", "check_graph", "check_restorable", "log_plan", "make_plan", "needs_replay"]
+__all__ = ["CodeChanges", "Plan", "RestoreStrategy", "check_graph", "check_restorable", "log_plan", "make_plan",
+           "needs_replay"]
 
 
 _log = logging.getLogger(__name__)
@@ -54,22 +57,60 @@ class RestoreStrategy(Choice):
         return "restore strategy"
 
 
-def check_graph(saved_nodes: list[dict[str, Any]], graph: Graph) -> None:
-    """Raise :class:`GraphMismatchError` naming every node that differs."""
+class CodeChanges(Choice):
+    """What a restore does when a function of the graph (``map``'s ``fn``, a ``filter``'s
+    predicate, ...) runs other code than when the snapshot was saved. Samples the snapshot holds
+    (buffers, samples in flight) were computed by the old code, and the rest of the stream comes
+    from the new code."""
+
+    #: A :class:`~snapshot.GraphMismatchError` naming each changed function (the default).
+    REFUSE = "refuse"
+    #: Restore, with a warning naming each changed function.
+    WARN = "warn"
+    #: Restore; the changed functions are logged (``snapshot.plan``, INFO).
+    ALLOW = "allow"
+
+    @classmethod
+    def label(cls) -> str:
+        return "code_changes"
+
+
+def check_graph(saved_nodes: list[dict[str, Any]], graph: Graph,
+                code_changes: CodeChanges = CodeChanges.REFUSE) -> None:
+    """Raise :class:`GraphMismatchError` naming every node that differs (a function whose code
+    changed only with ``code_changes="refuse"``)."""
     from snapshot.graph import compare_nodes
 
     diffs = compare_nodes(saved_nodes, graph)
-    if not diffs:
+    changed = [d for d in diffs if d.code]
+    refused = diffs if code_changes is CodeChanges.REFUSE else [d for d in diffs if not d.code]
+    if not refused:
+        if changed:
+            listing = "\n".join(str(d) for d in changed)
+            text = (f"restoring with {len(changed)} function(s) whose code changed since the snapshot "
+                    f"(code_changes={code_changes.value!r}); the rest of the stream comes from the new "
+                    f"code:\n{listing}")
+            if code_changes is CodeChanges.WARN:
+                warnings.warn(text, stacklevel=user_stacklevel())
+            _log.info("%s", text)
         return
-    listing = "\n".join(str(d) for d in diffs[:20])
-    more = f"\n  ... and {len(diffs) - 20} more" if len(diffs) > 20 else ""
-    raise GraphMismatchError(
-        f"the graph given to the loader does not match the graph in the snapshot "
-        f"({len(diffs)} difference{'s' if len(diffs) != 1 else ''}):\n{listing}{more}\n"
-        "Build the graph exactly as when the snapshot was saved, or use "
-        "DataLoader2.from_snapshot(...) to restore with the graph pickled inside it.",
-        [(d.path, d.saved, d.current) for d in diffs],
-    )
+    listing = "\n".join(str(d) for d in refused[:20])
+    more = f"\n  ... and {len(refused) - 20} more" if len(refused) > 20 else ""
+    structural = len(refused) - len(changed)
+    head = (f"the graph given to the loader does not match the graph in the snapshot ({len(refused)} "
+            f"difference{'s' if len(refused) != 1 else ''})" if structural else
+            f"{len(changed)} function(s) of the graph changed since the snapshot was saved")
+    hints = []
+    if changed:
+        hints.append("Samples computed by the old and the new code would mix silently, so the restore is refused: "
+                     "restore with the code the snapshot was saved with (a function of an importable module is "
+                     "saved by its name, so from_snapshot runs the module as it is now), or accept the change "
+                     "with code_changes=\"allow\" (or \"warn\") in DataLoader2(...) or from_snapshot(...).")
+    if structural:
+        hints.append("Build the graph exactly as when the snapshot was saved, or use "
+                     "DataLoader2.from_snapshot(...) to restore with the graph pickled inside it.")
+    raise GraphMismatchError(f"{head}:\n{listing}{more}\n" + "\n".join(hints),
+                             [(d.path, d.saved, d.current) for d in refused])
 
 
 def check_restorable(graph: Graph, nodes: set[str] | None = None) -> None:

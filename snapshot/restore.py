@@ -11,9 +11,10 @@ from typing import Any
 
 from snapshot._io import load
 from snapshot.capture import Snapshot
-from snapshot.plan import Plan, RestoreStrategy, check_graph, check_restorable, make_plan, needs_replay
+from snapshot.plan import CodeChanges, Plan, RestoreStrategy, check_graph, check_restorable, make_plan, needs_replay
 
-__all__ = ["Plan", "RestoreStrategy", "check_graph", "check_restorable", "make_plan", "needs_replay", "restore"]
+__all__ = ["CodeChanges", "Plan", "RestoreStrategy", "check_graph", "check_restorable", "make_plan", "needs_replay",
+           "restore"]
 
 
 def restore(loader: Any, src: Any, *, strategy: RestoreStrategy | str = "auto",

@@ -6,6 +6,7 @@ import sys
 import snapshot
 
 EXPECTED = [
+    "CodeChanges",
     "CorruptSnapshotError",
     "DataLoader2",
     "DataLoader2Iterator",

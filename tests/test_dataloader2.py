@@ -74,6 +74,20 @@ def test_shutdown_and_context_manager() -> None:
     dl.shutdown()  # idempotent
 
 
+def test_repr_shows_the_graph_the_service_and_the_position() -> None:
+    dl = snapshot.DataLoader2(graphs.sharded(), reading_service=snapshot.MultiProcessingReadingService(2))
+    assert repr(dl) == ("DataLoader2(BatcherIterDataPipe, 6 nodes; MultiProcessingReadingService(num_workers=2); "
+                        "not started)")
+    it = iter(dl)
+    next(it), next(it)
+    assert repr(dl).endswith("; epoch 0, 2 yielded)")
+    list(it)
+    assert repr(dl).endswith("; epoch 0, finished)")
+    dl.shutdown()
+    assert repr(dl).endswith("; epoch 0, finished; shut down)")
+    assert repr(snapshot.DataLoader2(None)) == "DataLoader2(no graph; InProcessReadingService; not started)"
+
+
 def test_seed_must_be_uint64() -> None:
     dl = snapshot.DataLoader2(graphs.linear())
     for bad in (-1, 2**64):

@@ -158,7 +158,7 @@ class Stream(torch.utils.data.IterableDataset):
 
 @pytest.mark.parametrize(("data", "wrapper"), [
     (Squares(), "IterableWrapper(range(len(data))).map(data.__getitem__)"),
-    ([1, 2, 3], "IterableWrapper(range(len(data))).map(data.__getitem__)"),
+    ([1, 2, 3], "Wrap it in IterableWrapper(data)"),
     (Stream(), "IterableWrapper"),
     ((x for x in range(3)), "IterableWrapper"),
 ])
@@ -166,6 +166,14 @@ def test_a_dataset_or_a_list_is_refused_with_the_wrapper_to_use(data, wrapper) -
     with pytest.raises(TypeError, match=r"expects an IterDataPipe or a MapDataPipe, got ") as info:
         snapshot.DataLoader2(data)
     assert type(data).__qualname__ in str(info.value) and wrapper in str(info.value)
+
+
+def test_a_plain_list_is_answered_with_iterable_wrapper_first() -> None:
+    with pytest.raises(TypeError) as info:
+        snapshot.DataLoader2([1, 2, 3])
+    message = str(info.value)
+    assert message.index("IterableWrapper(data)") < message.index("IterableWrapper(range(len(data)))")
+    assert list(snapshot.DataLoader2(IterableWrapper([1, 2, 3]))) == [1, 2, 3]
 
 
 def test_the_suggested_wrapper_works() -> None:

@@ -188,10 +188,10 @@ def parameters(fn: Any) -> list[tuple[str, Any, Any]]:
 def test_dataloader2_has_torchdata_0_9s_constructor_and_methods() -> None:
     td = dataloader2_0_9()
     # 0.9's parameters, in order, with their defaults; beyond them only keyword-only options
-    # (DESIGN.md: buffer_state=), so that no 0.9 call changes meaning
+    # (DESIGN.md: buffer_state=; issue 25: code_changes=), so that no 0.9 call changes meaning
     ours, theirs = parameters(snapshot.DataLoader2.__init__), parameters(td.DataLoader2.__init__)
     assert ours[:len(theirs)] == theirs
-    assert [p[0] for p in ours[len(theirs):]] == ["buffer_state"]
+    assert [p[0] for p in ours[len(theirs):]] == ["buffer_state", "code_changes"]
     assert all(p[1] is inspect.Parameter.KEYWORD_ONLY for p in ours[len(theirs):])
     # from_state: the same parameters; reading_service may be left out here (the saved one is used)
     assert [p[:2] for p in parameters(snapshot.DataLoader2.from_state)] == \

@@ -35,17 +35,20 @@ class NodeDesc:
     args: dict[str, str]
     fingerprint: str
     inputs: tuple[str, ...]
+    #: Code fingerprint per function argument (``"3.11:<digest>"``); absent in older snapshots.
+    code: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "node") -> NodeDesc:
         f = _Fields(value, where)
         return cls(path=f.required("path", _str), type=f.required("type", _str),
                    args=f.get("args", _texts, {}), fingerprint=f.get("fingerprint", _str, ""),
-                   inputs=f.get("inputs", lambda v, w: _records(v, w, _str), ()))
+                   inputs=f.get("inputs", lambda v, w: _records(v, w, _str), ()), code=f.get("code", _texts, {}))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "type": self.type, "args": dict(self.args),
-                "fingerprint": self.fingerprint, "inputs": list(self.inputs)}
+        described = {"path": self.path, "type": self.type, "args": dict(self.args),
+                     "fingerprint": self.fingerprint, "inputs": list(self.inputs)}
+        return {**described, "code": dict(self.code)} if self.code else described
 
     @property
     def short_type(self) -> str:
@@ -74,6 +77,8 @@ class GraphDesc:
     fingerprint: str
     included: bool
     nodes: tuple[NodeDesc, ...]
+    #: The saving loader's policy for changed functions (``plan.CodeChanges``); absent when "refuse".
+    code_changes: str = "refuse"
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "graph") -> GraphDesc:
@@ -89,11 +94,12 @@ class GraphDesc:
                 if path not in seen:
                     raise _fail(f"{where}.nodes[{i}].inputs[{j}]", "the path of a node of the graph", path)
         return cls(fingerprint=f.get("fingerprint", _str, ""), included=f.get("included", _bool, False),
-                   nodes=nodes)
+                   nodes=nodes, code_changes=f.get("code_changes", _str, "refuse"))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"fingerprint": self.fingerprint, "included": self.included,
-                "nodes": [node.to_dict() for node in self.nodes]}
+        described = {"fingerprint": self.fingerprint, "included": self.included,
+                     "nodes": [node.to_dict() for node in self.nodes]}
+        return described if self.code_changes == "refuse" else {**described, "code_changes": self.code_changes}
 
     def paths(self) -> set[str]:
         return {node.path for node in self.nodes}

@@ -189,4 +189,4 @@ def test_a_stream_that_cannot_be_reopened_is_replayed(root: str) -> None:
 def _open_plain(path: str) -> Any:
     from torch.utils.data.datapipes.utils.common import StreamWrapper
 
-    return path, StreamWrapper(open(path, "rb"))  # noqa: SIM115 (the reader closes it)
+    return path, StreamWrapper(open(path, "rb"))

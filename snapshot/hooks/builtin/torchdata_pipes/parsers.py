@@ -1,5 +1,5 @@
 """Hooks for torchdata 0.9's parsers of streams: ``readlines``, ``parse_csv``,
-``parse_csv_as_dict``, ``parse_json_files`` and ``load_from_tfrecord``.
+``parse_csv_as_dict``, ``parse_json_files`` and ``load_from_tfrecord`` (and ``lines_to_paragraphs``).
 
 The line and record readers save the address of the stream they are reading and the byte
 offset after the last line or record they yielded (plus a CSV file's header for
@@ -14,10 +14,11 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from snapshot.hooks._base import Stateless
+from snapshot.hooks._base import ResumableIterator, Stateless
 from snapshot.hooks.builtin._reader import OffsetReading, StreamReading
 
-__all__ = ["CSVParserIterator", "JsonParserIterator", "LineReaderIterator", "TFRecordLoaderIterator"]
+__all__ = ["CSVParserIterator", "JsonParserIterator", "LineReaderIterator", "ParagraphAggregatorIterator",
+           "TFRecordLoaderIterator"]
 
 OFFSET = "offset"
 FIELDNAMES = "fieldnames"
@@ -85,6 +86,45 @@ class CSVParserIterator(_LineBased):
     def position(self) -> Any:
         names = getattr(self._reader, "_fieldnames", None)
         return {OFFSET: self._stream.tell(), FIELDNAMES: list(names) if names is not None else None}
+
+
+class ParagraphAggregatorIterator(ResumableIterator):
+    """``lines_to_paragraphs``: consecutive non-empty lines of one file joined; state: the file and
+    the lines of the paragraph being gathered."""
+
+    def __init__(self, datapipe: Any, inputs: Any):
+        super().__init__(datapipe, inputs)
+        self._file: Any = None
+        self._lines: list[Any] = []
+        self._ended = False
+
+    def next(self) -> Any:
+        if self._ended:
+            raise StopIteration
+        for filename, line in self.inputs[0]:
+            if self._file is None:
+                self._file = filename
+            if line and self._file == filename:
+                self._lines.append(line)
+                continue
+            done, previous = self._lines, self._file
+            self._lines, self._file = ([line] if line else []), filename
+            if done:
+                return previous, self.datapipe.joiner(done)
+        self._ended = True
+        if self._lines:
+            done, self._lines = self._lines, []
+            return self._file, self.datapipe.joiner(done)
+        raise StopIteration
+
+    def buffered(self) -> int:
+        return len(self._lines)
+
+    def get_state(self) -> dict[str, Any]:
+        return {"file": self._file, "lines": list(self._lines), "ended": self._ended}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._file, self._lines, self._ended = state["file"], list(state["lines"]), bool(state["ended"])
 
 
 class JsonParserIterator(Stateless):

@@ -83,6 +83,9 @@ class ResumableIterator(Iterator[Any], ABC):
     #: those are) or ``"passes"`` (it hands its input's samples on unchanged). See
     #: :func:`snapshot.hooks.builtin.files.reopenable`.
     streams: ClassVar[str | None] = None
+    #: ``True`` for pipes that inflate compressed streams (gzip, bz2, xz): a reader after them that is
+    #: restored at an offset re-inflates its current file from the start (see :meth:`rereads`).
+    inflates: ClassVar[bool] = False
     #: How this pipe saves buffered samples (set by the engine from the loader's option).
     buffer_state: str = "values"
 
@@ -173,6 +176,12 @@ class ResumableIterator(Iterator[Any], ABC):
     @classmethod
     def can_restore(cls, node: Any, graph: Any) -> str | None:
         """``None`` if ``node`` can be restored from its state in ``graph``, else the reason."""
+        return None
+
+    @classmethod
+    def rereads(cls, node: Any, graph: Any) -> str | None:
+        """What a restore of ``node`` from its state reads again beyond its state (for the plan), or
+        ``None`` when it reads nothing again."""
         return None
 
     def state_dict(self) -> dict[str, Any]:

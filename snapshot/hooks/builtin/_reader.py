@@ -18,7 +18,7 @@ from snapshot.hooks._base import ResumableIterator
 from snapshot.hooks._registry import hook_for
 from snapshot.hooks.builtin._streams import address_of, check_unchanged, reopen
 
-__all__ = ["OffsetReading", "StreamReading", "reopenable"]
+__all__ = ["OffsetReading", "StreamReading", "inflated_by", "reopenable"]
 
 PATH = "path"
 ADDRESS = "address"
@@ -28,21 +28,32 @@ AT = "at"
 _MAX_DEPTH = 32
 
 
+def _stream_chain(node: Any, graph: Any) -> Iterator[tuple[Any, Any]]:
+    """The pipes the streams ``node`` reads come through, nearest first, with their iterator hooks
+    (``None`` without one), up to the one that opened them or the first that does not pass them on."""
+    for _ in range(_MAX_DEPTH):
+        if len(node.inputs) != 1:
+            return
+        node = graph[node.inputs[0]]
+        hook = hook_for(node.datapipe)
+        iterator = hook.iterator if hook is not None else None
+        yield node, iterator
+        if getattr(iterator, "streams", None) not in ("unpacks", "passes"):
+            return
+
+
 def reopenable(node: Any, graph: Any) -> str | None:
     """``None`` when the streams ``node`` reads carry addresses (they come from an opener, possibly
     unpacked by archive loaders or ``decompress`` and passed through filters), else why not."""
-    for _ in range(_MAX_DEPTH):
-        if len(node.inputs) != 1:
-            break
-        node = graph[node.inputs[0]]
-        hook = hook_for(node.datapipe)
-        kind = getattr(hook.iterator, "streams", None) if hook is not None else None
-        if kind == "opens":
-            return None
-        if kind not in ("unpacks", "passes"):
-            break
+    if any(getattr(it, "streams", None) == "opens" for _, it in _stream_chain(node, graph)):
+        return None
     return ("it reads streams that snapshot cannot reopen: they do not come from FileOpener, open_files_by_fsspec, "
             "load_from_tar, load_from_zip or decompress (through filters only)")
+
+
+def inflated_by(node: Any, graph: Any) -> list[str]:
+    """The paths of the pipes that inflate the streams ``node`` reads (``decompress``, ...)."""
+    return [n.path for n, it in _stream_chain(node, graph) if getattr(it, "inflates", False)]
 
 
 class StreamReading(ResumableIterator):
@@ -65,6 +76,14 @@ class StreamReading(ResumableIterator):
     @classmethod
     def can_restore(cls, node: Any, graph: Any) -> str | None:
         return reopenable(node, graph)
+
+    @classmethod
+    def rereads(cls, node: Any, graph: Any) -> str | None:
+        inflating = inflated_by(node, graph)
+        if not inflating:
+            return None
+        return (f"re-inflates its current file from the start up to the saved offset (a compressed stream, "
+                f"inflated by {', '.join(inflating)}, cannot seek); never the files before it")
 
     @abstractmethod
     def start(self, path: str, stream: Any) -> Iterator[Any]:

@@ -61,6 +61,16 @@ class TarArchiveLoaderIterator(StreamReading):
         super().__init__(datapipe, inputs)
         self._tar: tarfile.TarFile | None = None
 
+    @classmethod
+    def rereads(cls, node: Any, graph: Any) -> str | None:
+        mode = node.datapipe.mode
+        compression = mode.replace("|", ":").partition(":")[2]
+        if compression == "":
+            return super().rereads(node, graph)
+        when = "if it is compressed" if compression == "*" else f"({compression})"
+        return super().rereads(node, graph) or (
+            f"re-inflates its current archive up to the next member {when}; never the archives before it")
+
     def _members(self, path: str, stream: Any, offset: int | None) -> Iterator[Any]:
         with _extracting("tarfile", path, stream):
             tar = self._tar = tar_after(stream, self.datapipe.mode, offset)
@@ -125,6 +135,7 @@ class DecompressorIterator(Stateless):
     after it saves the decompressed stream's address and offset)."""
 
     streams = "unpacks"
+    inflates = True
 
     def __init__(self, datapipe: Any, inputs: Any):
         super().__init__(datapipe, inputs)

@@ -70,6 +70,7 @@ class CompressedFileIterator(ItemwiseIterator):
     address (the compressed stream's, and the format)."""
 
     streams = "unpacks"
+    inflates = True
     #: The ``decompress`` format name of each loader (by class name).
     FORMATS = {"Bz2FileLoaderIterDataPipe": "bz2", "XzFileLoaderIterDataPipe": "lzma"}
 

@@ -109,6 +109,7 @@ def write_corpus(root: str) -> str:
         _write(os.path.join(root, f"table-{index}.csv"), _csv(index))
         _write(os.path.join(root, f"pack-{index}.zip"), _zip(index))
         _write(os.path.join(root, f"records-{index}.tfrecord"), _tfrecord(index))
+        _write(os.path.join(root, f"doc-{index}.json"), json.dumps({"doc": index, "tags": list(range(index))}).encode())
         _write(os.path.join(root, f"notes-{index}.txt.bz2"), bz2.compress(_notes(index)))
         _write(os.path.join(root, f"notes-{index}.txt.xz"), lzma.compress(_notes(index)))
     return root
@@ -199,3 +200,7 @@ def checked_csv(root: str) -> Any:
     hashes = {os.path.join(root, f"table-{i}.csv"): hashlib.sha256(_csv(i)).hexdigest() for i in range(JSONL_FILES)}
     checked = td.HashChecker(FileOpener(listed(root, "*.csv"), mode="b"), hashes, rewind=True)
     return Mapper(td.CSVParser(checked, return_path=True), basename_first)
+
+
+def json_docs(root: str) -> Any:
+    return Mapper(td.JsonParser(FileOpener(listed(root, "*.json"), mode="b")), basename_first)

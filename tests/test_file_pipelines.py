@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("torchdata.datapipes.iter")
 
-from torch.utils.data.datapipes.iter import Batcher
+from torch.utils.data.datapipes.iter import Batcher, Shuffler
 
 import snapshot
 from snapshot.graph import Graph
@@ -46,6 +46,8 @@ PIPELINES = {
     "zip_members": (corpus.zip_members, [1, 5, 7]),
     "tar_members": (corpus.tar_members, [2, 17, 34, 50]),
     "tfrecords": (corpus.tfrecords, [3, 6, 11]),
+    "json_docs": (corpus.json_docs, [1, 2]),
+    "bz2_lines": (corpus.bz2_lines, [3, 12]),
 }
 
 
@@ -190,3 +192,63 @@ def _open_plain(path: str) -> Any:
     from torch.utils.data.datapipes.utils.common import StreamWrapper
 
     return path, StreamWrapper(open(path, "rb"))
+
+
+# -- shuffle buffers of file samples saved as addresses (buffer_state="positions") ---------------
+
+def _shuffled(name: str, root: str) -> Any:
+    make, _ = PIPELINES[name]
+    return Shuffler(make(root), buffer_size=6)
+
+
+def _buffer_record(factory: Any, buffer_state: str, at: int = 3) -> dict[str, Any]:
+    with snapshot.DataLoader2(factory(), buffer_state=buffer_state) as loader:
+        loader.seed(0)
+        it = iter(loader)
+        for _ in range(at):
+            next(it)
+        return loader.save_snapshot().manifest["shards"][0]["nodes"]["0"]
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_a_shuffle_of_file_samples_is_saved_by_address_and_resumes_exactly(name: str, root: str) -> None:
+    factory = functools.partial(_shuffled, name, root)
+    assert _buffer_record(factory, "positions")["buffer_state"] == "positions"
+    length = _length(factory)
+    cuts = [Cut(0, 0), Cut(0, 2), Cut(0, length // 2), Cut(0, length - 2), Cut(0, length, finished=True),
+            Cut(1, 1), Cut(0, 1, then=max(2, length // 2))]
+    assert_resumes_exactly(factory, epochs=2, cuts=cuts, strategies=("state",), via_file=False,
+                           buffer_state="positions")
+
+
+def test_webdataset_buffer_by_address_with_2_workers_and_onto_in_process(root: str) -> None:
+    factory = functools.partial(_shuffled_batches, root)
+    two = functools.partial(snapshot.MultiProcessingReadingService, num_workers=2)
+    assert_resumes_exactly(factory, reading_service=two, restore_service=snapshot.InProcessReadingService,
+                           epochs=2, cuts=[Cut(0, 2), Cut(0, 6), Cut(1, 1)], via_file=False, buffer_state="positions")
+
+
+def test_a_buffer_by_address_does_not_grow_with_the_samples(tmp_path: Any) -> None:
+    factory = functools.partial(_big_shuffled, _big_corpus(str(tmp_path / "big")))
+    by_value, by_address = _buffer_record(factory, "values", 30), _buffer_record(factory, "positions", 30)
+    assert by_address["buffer_state"] == "positions" and by_address["buffered"] == 20
+    # 20 samples of ~4 KB by value; by address, a few hundred bytes each
+    assert by_value["state_bytes"] > 20 * 4000 > 4 * by_address["state_bytes"], (by_value, by_address)
+
+
+def _big_shuffled(root: str) -> Any:
+    return Shuffler(corpus.webdataset(root), buffer_size=20)
+
+
+def test_a_buffered_sample_whose_file_changed_is_refused(root: str) -> None:
+    factory = functools.partial(_shuffled, "tar_members", root)
+    with snapshot.DataLoader2(factory(), buffer_state="positions") as loader:
+        loader.seed(0)
+        it = iter(loader)
+        next(it)
+        snap = loader.save_snapshot()
+    path = os.path.join(root, "shard-00.tar")
+    stat = os.stat(path)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    with pytest.raises(snapshot.RestoreError, match="shard-00.tar changed since the snapshot was saved"):
+        snapshot.DataLoader2(factory(), buffer_state="positions").restore_snapshot(snap)

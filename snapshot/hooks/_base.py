@@ -131,6 +131,17 @@ class ResumableIterator(Iterator[Any], ABC):
         if the source can be indexed (else ``None``)."""
         return None
 
+    def addressing(self) -> Callable[[Any], Any] | None:
+        """For a reader of files: start keeping the address of each sample it yields (see
+        :meth:`last_address`) and return a function that reads a sample again from its address;
+        ``None`` if its samples have no address."""
+        return None
+
+    def last_address(self) -> Any:
+        """After :meth:`addressing`: the address of the sample just yielded (plain data), or
+        ``None`` when it has none (it is then kept by value)."""
+        return None
+
     def restart_input(self, index: int) -> Any:
         """Start input ``index`` over (a fresh iteration of its whole subgraph), as the
         original does when it calls ``iter()`` on an input a second time (``cycle``)."""

@@ -15,7 +15,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from snapshot.hooks._base import ResumableIterator, Stateless
-from snapshot.hooks.builtin._reader import OffsetReading, StreamReading
+from snapshot.hooks.builtin._reader import KeepsAddresses, OffsetReading, StreamReading
+from snapshot.hooks.builtin._streams import address_of, reopen
 
 __all__ = ["CSVParserIterator", "JsonParserIterator", "LineReaderIterator", "ParagraphAggregatorIterator",
            "TFRecordLoaderIterator"]
@@ -24,14 +25,18 @@ OFFSET = "offset"
 FIELDNAMES = "fieldnames"
 
 
-def _lines(stream: Any, skip: int) -> Iterator[Any]:
-    """The lines of ``stream`` after the first ``skip`` (as iterating it gives them), read with
-    ``readline`` so that ``tell()`` stays valid; the stream is closed at the end."""
+def _skip(stream: Any, count: int) -> None:
+    """Skip the first ``count`` lines (as the pipes do before their first sample of a stream)."""
+    for _ in range(count):
+        if not stream.readline():
+            return
+
+
+def _lines(stream: Any) -> Iterator[Any]:
+    """The lines of ``stream`` (as iterating it gives them), read with ``readline`` so that
+    ``tell()`` stays valid; the stream is closed at the end."""
     readline = stream.readline
     try:
-        for _ in range(skip):
-            if not readline():
-                return
         while True:
             line = readline()
             if not line:
@@ -45,13 +50,19 @@ class _LineBased(StreamReading):
     """A reader of lines whose position is the byte offset after the last line it used."""
 
     def start(self, path: str, stream: Any) -> Iterator[Any]:
-        return self.samples(path, _lines(stream, self.datapipe._helper._skip_lines), None)
+        _skip(stream, self.datapipe._helper._skip_lines)
+        return self.addressed(stream, self.samples(path, _lines(stream), None))
 
     def resume(self, path: str, address: dict[str, Any], position: Any) -> Iterator[Any]:
         stream = self.reopen(address, position[OFFSET])
-        return self.samples(path, _lines(stream, 0), position)
+        return self.addressed(stream, self.samples(path, _lines(stream), position))
 
-    def samples(self, path: str, lines: Iterator[Any], position: Any) -> Iterator[Any]:
+    def parse(self, path: str, stream: Any, address: dict[str, Any]) -> Iterator[Any]:
+        return self.samples(path, _lines(stream), address, live=False)
+
+    def samples(self, path: str, lines: Iterator[Any], position: Any, live: bool = True) -> Iterator[Any]:
+        """The samples made of ``lines``; ``position`` is a saved position or address (or ``None``
+        at a stream's start); ``live=False`` for :meth:`fetch` (this iterator's position unchanged)."""
         raise NotImplementedError
 
     def position(self) -> Any:
@@ -62,7 +73,7 @@ class LineReaderIterator(_LineBased):
     """``readlines``: the lines of each stream; state: the stream's address and the byte offset
     after the last line yielded."""
 
-    def samples(self, path: str, lines: Iterator[Any], position: Any) -> Iterator[Any]:
+    def samples(self, path: str, lines: Iterator[Any], position: Any, live: bool = True) -> Iterator[Any]:
         helper = self.datapipe._helper
         return iter(helper.return_path(helper.decode(helper.strip_newline(lines)), path=path))
 
@@ -75,17 +86,27 @@ class CSVParserIterator(_LineBased):
         super().__init__(datapipe, inputs)
         self._reader: Any = None
 
-    def samples(self, path: str, lines: Iterator[Any], position: Any) -> Iterator[Any]:
+    def samples(self, path: str, lines: Iterator[Any], position: Any, live: bool = True) -> Iterator[Any]:
         dp, helper = self.datapipe, self.datapipe._helper
         params = dict(dp.fmtparams)
         if position is not None and position.get(FIELDNAMES) is not None:
             params["fieldnames"] = position[FIELDNAMES]
-        self._reader = dp._csv_reader(helper.decode(lines), **params)
-        return iter(helper.return_path(helper.as_tuple(self._reader), path=path))
+        reader = dp._csv_reader(helper.decode(lines), **params)
+        if hasattr(reader, "fieldnames"):
+            reader.fieldnames  # noqa: B018  (reads the header now: a row's offset is then its own)
+        if live:
+            self._reader = reader
+        return iter(helper.return_path(helper.as_tuple(reader), path=path))
+
+    def _fieldnames(self) -> list[str] | None:
+        names = getattr(self._reader, "_fieldnames", None)
+        return list(names) if names is not None else None
 
     def position(self) -> Any:
-        names = getattr(self._reader, "_fieldnames", None)
-        return {OFFSET: self._stream.tell(), FIELDNAMES: list(names) if names is not None else None}
+        return {OFFSET: self._stream.tell(), FIELDNAMES: self._fieldnames()}
+
+    def address_extra(self) -> dict[str, Any]:
+        return {FIELDNAMES: self._fieldnames()}
 
 
 class ParagraphAggregatorIterator(ResumableIterator):
@@ -127,14 +148,23 @@ class ParagraphAggregatorIterator(ResumableIterator):
         self._file, self._lines, self._ended = state["file"], list(state["lines"]), bool(state["ended"])
 
 
-class JsonParserIterator(Stateless):
+class JsonParserIterator(KeepsAddresses, Stateless):
     """``parse_json_files``: ``(path, json.loads(stream.read()))`` per stream."""
 
     def next(self) -> Any:
         name, stream = next(self.inputs[0])
+        if self._tracking:
+            address = address_of(stream)
+            self._last = None if address is None else {"name": name, "address": address}
+        return self._parse(name, stream)
+
+    def _parse(self, name: str, stream: Any) -> Any:
         data = stream.read()
         stream.close()
         return name, json.loads(data, **self.datapipe.kwargs)
+
+    def fetch(self, address: Any) -> Any:
+        return self._parse(address["name"], reopen(address["address"]))
 
 
 class TFRecordLoaderIterator(OffsetReading):

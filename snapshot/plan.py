@@ -277,5 +277,7 @@ def log_plan(plan: Plan, graph: Graph, drivers: list[tuple[str, int]], *, hooked
                 "position can only be reached by replaying. Give %s state_dict() and load_state_dict(state) "
                 "methods (the torchdata Stateful protocol), or register a hook with "
                 "snapshot.register_state_hook(%s, ...) (see the state hooks how-to); it is then restored "
-                "from its state.", count, node, graph[node].signature, cls.__qualname__, cls.__qualname__)
+                "from its state. If its generator keeps nothing between samples, "
+                "snapshot.register_state_hook(%s, snapshot.hooks.Itemwise) is enough.", count, node,
+                graph[node].signature, cls.__qualname__, cls.__qualname__, cls.__qualname__)
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from torch.utils.data.datapipes.iter import Batcher, Forker, IterableWrapper, Zipper
+from torch.utils.data import IterDataPipe
+from torch.utils.data.datapipes.iter import Batcher, Forker, IterableWrapper, Shuffler, Zipper
 
 import snapshot
+import snapshot.hooks
 from snapshot.graph import Graph
 from snapshot.plan import RestoreStrategy, make_plan
 from snapshot.testing import Cut, assert_resumes_exactly
@@ -133,3 +135,28 @@ def test_file_pipelines_plan_no_replay_and_say_what_is_read_again(tmp_path) -> N
     assert plan.describe()["rereads"] == dict(plan.rereads)
     _, plain = plan_of(file_corpus.csv_rows(root))
     assert plain.rereads == {}  # an uncompressed file is reopened at the offset: nothing read again
+
+
+class Cubes(IterDataPipe):
+    """A user pipe whose generator keeps nothing between samples, declared so with Itemwise."""
+
+    def __init__(self, datapipe):
+        self.datapipe = datapipe
+
+    def __iter__(self):
+        for x in self.datapipe:
+            if x % 7:
+                yield x**3
+
+
+snapshot.register_state_hook(Cubes, snapshot.hooks.Itemwise)
+
+
+def cubes(n: int = 40):
+    return Batcher(Cubes(Shuffler(IterableWrapper(range(n)), buffer_size=6)), batch_size=3)
+
+
+def test_a_pipe_declared_itemwise_restarts_over_its_restored_inputs() -> None:
+    graph, plan = plan_of(cubes())
+    assert plan.replay == frozenset() and plan.drivers == ()
+    assert_resumes_exactly(cubes, epochs=2, strategies=("state", "auto"))

@@ -10,46 +10,12 @@ state is empty, and a restore neither re-reads nor re-writes a file before the c
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-from torch.utils.data import IterDataPipe, MapDataPipe
-
-from snapshot.hooks._base import Stateless
 from snapshot.hooks.builtin._streams import KIND, address_of, mark
+from snapshot.hooks.builtin.callable import ItemwiseIterator
 
 __all__ = ["CompressedFileIterator", "HashCheckerIterator", "ItemwiseIterator"]
-
-
-def _unwrapped_iter(cls: type) -> Any:
-    method = cls.__iter__  # type: ignore[attr-defined]
-    return getattr(method, "__wrapped__", method)
-
-
-class ItemwiseIterator(Stateless):
-    """Runs the pipe's own generator over its input's iterator: one output per input, no state."""
-
-    def __init__(self, datapipe: Any, inputs: Any):
-        super().__init__(datapipe, inputs)
-        self._gen: Iterator[Any] | None = None
-
-    def _generator(self) -> Iterator[Any]:
-        # a copy of the pipe whose input attribute is this iterator's input (the pipe is not changed)
-        (source,) = [cell for cell in self.inputs if not isinstance(cell, MapDataPipe)]
-        view = object.__new__(type(self.datapipe))
-        view.__dict__.update(self.datapipe.__dict__)
-        for name, value in self.datapipe.__dict__.items():
-            if isinstance(value, IterDataPipe):
-                view.__dict__[name] = source
-        return iter(_unwrapped_iter(type(self.datapipe))(view))
-
-    def next(self) -> Any:
-        if self._gen is None:
-            self._gen = self._generator()
-        return next(self._gen)
-
-    def close(self) -> None:
-        self._gen = None
 
 
 class HashCheckerIterator(ItemwiseIterator):

@@ -147,9 +147,6 @@ class StreamReading(KeepsAddresses, ResumableIterator):
     def position(self) -> Any:
         """Where the current stream stands (plain data), between two samples."""
 
-    def finish(self) -> None:
-        """Called when the current stream has no more samples."""
-
     def next(self) -> Any:
         while True:
             if self._samples is None:
@@ -164,7 +161,6 @@ class StreamReading(KeepsAddresses, ResumableIterator):
             try:
                 return next(self._samples)
             except StopIteration:
-                self.finish()
                 self._samples = self._stream = None
 
     def reopen(self, address: dict[str, Any], offset: Any = None) -> Any:

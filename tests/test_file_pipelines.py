@@ -252,3 +252,16 @@ def test_a_buffered_sample_whose_file_changed_is_refused(root: str) -> None:
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
     with pytest.raises(snapshot.RestoreError, match="shard-00.tar changed since the snapshot was saved"):
         snapshot.DataLoader2(factory(), buffer_state="positions").restore_snapshot(snap)
+
+
+def test_a_reader_state_of_the_old_layout_is_refused_not_misread(root: str) -> None:
+    """Before streams had addresses, readers saved a path and a count; such a state is refused."""
+    from snapshot.hooks import hook_for
+
+    dp = corpus.gzip_lines(root)
+    reader = dp.datapipe  # readlines
+    cell = hook_for(reader).iterator(reader, [iter(())])
+    with pytest.raises(snapshot.RestoreError, match="older version.*fast_forward"):
+        cell.load_state_dict({"yielded": 3, "state": {"path": "lines-0.jsonl.gz", "read": 3}})
+    fresh = hook_for(reader).iterator(reader, [iter(())])
+    fresh.load_state_dict({"yielded": 0, "state": {"path": None, "read": 0}})  # between files: nothing to refuse

@@ -13,7 +13,7 @@ from abc import abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from snapshot.errors import SerializationError
+from snapshot.errors import RestoreError, SerializationError
 from snapshot.hooks._base import ResumableIterator
 from snapshot.hooks._registry import hook_for
 from snapshot.hooks.builtin._streams import address_of, check_unchanged, reopen
@@ -182,6 +182,11 @@ class StreamReading(KeepsAddresses, ResumableIterator):
         return {PATH: self._path, ADDRESS: address, AT: self.position()}
 
     def set_state(self, state: dict[str, Any]) -> None:
+        if ADDRESS not in state and state.get(PATH) is not None:  # saved before streams had addresses
+            raise RestoreError(
+                f"the DataPipe at {self.path} ({type(self.datapipe).__name__}) was saved by an older version of "
+                f"snapshot, as a path and a count, in the middle of {state[PATH]}; restore this snapshot with "
+                "strategy='fast_forward'.")
         if state.get(ADDRESS) is None:
             return
         check_unchanged(state[ADDRESS])

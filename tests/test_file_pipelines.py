@@ -52,8 +52,8 @@ PIPELINES = {
 
 
 def _cuts(length: int, inside: list[int]) -> list[Cut]:
-    return [*(Cut(0, n) for n in inside), Cut(0, length - 1), Cut(0, length), Cut(0, length, finished=True),
-            Cut(1, 0), Cut(1, 1), Cut(0, inside[0], then=inside[-1])]
+    return [*(Cut(0, n) for n in inside), Cut(0, length - 1), Cut(0, length, finished=True), Cut(1, 1),
+            Cut(0, inside[0], then=inside[-1])]
 
 
 @pytest.mark.parametrize("name", sorted(PIPELINES))
@@ -210,7 +210,11 @@ def _buffer_record(factory: Any, buffer_state: str, at: int = 3) -> dict[str, An
         return loader.save_snapshot().manifest["shards"][0]["nodes"]["0"]
 
 
-@pytest.mark.parametrize("name", sorted(PIPELINES))
+#: one pipeline per way a sample is addressed (member, group of members, line, row, record, whole file)
+ADDRESSED = ["tar_members", "webdataset", "gzip_lines", "csv_dicts", "tfrecords", "json_docs"]
+
+
+@pytest.mark.parametrize("name", ADDRESSED)
 def test_a_shuffle_of_file_samples_is_saved_by_address_and_resumes_exactly(name: str, root: str) -> None:
     factory = functools.partial(_shuffled, name, root)
     assert _buffer_record(factory, "positions")["buffer_state"] == "positions"

@@ -5,6 +5,7 @@ read by a restore not growing with the position, and a file that changed refused
 from __future__ import annotations
 
 import functools
+import gzip
 import os
 from typing import Any
 
@@ -269,3 +270,44 @@ def test_a_reader_state_of_the_old_layout_is_refused_not_misread(root: str) -> N
         cell.load_state_dict({"yielded": 3, "state": {"path": "lines-0.jsonl.gz", "read": 3}})
     fresh = hook_for(reader).iterator(reader, [iter(())])
     fresh.load_state_dict({"yielded": 0, "state": {"path": None, "read": 0}})  # between files: nothing to refuse
+
+
+# -- an object store through open_files_by_fsspec (moto's S3 server on 127.0.0.1) ---------------
+
+try:
+    from tests.test_storage_s3 import s3
+except pytest.skip.Exception:  # s3fs or moto not installed
+    s3 = None
+
+
+def _s3_lines(urls: list[str]) -> Any:
+    import torchdata.datapipes.iter as td
+    from torch.utils.data.datapipes.iter import IterableWrapper, Mapper
+
+    opened = td.FSSpecFileOpener(IterableWrapper(urls), mode="rb")
+    return Mapper(td.LineReader(td.Decompressor(opened)), corpus.parse_line)
+
+
+@pytest.mark.skipif(s3 is None, reason="needs s3fs and moto")
+def test_an_object_store_reader_resumes_by_offset_and_refuses_a_rewritten_object(s3, root: str) -> None:
+    import s3fs
+
+    bucket, _ = s3
+    fs = s3fs.S3FileSystem()
+    urls = []
+    for index in range(2):
+        key = f"{bucket}/lines/lines-{index}.jsonl.gz"
+        fs.put(os.path.join(root, f"lines-{index}.jsonl.gz"), key)
+        urls.append(f"s3://{key}")
+    factory = functools.partial(_s3_lines, urls)
+    assert make_plan(Graph(factory()), {n.path: 3 for n in Graph(factory())}, RestoreStrategy.AUTO).replay == set()
+    assert_resumes_exactly(factory, epochs=1, cuts=[Cut(0, 4), Cut(0, 12)], strategies=("state",), via_file=False)
+    with snapshot.DataLoader2(factory()) as loader:
+        loader.seed(0)
+        it = iter(loader)
+        for _ in range(12):  # into the second object
+            next(it)
+        snap = loader.save_snapshot()
+    fs.pipe(urls[1][len("s3://"):], gzip.compress(b'{"line": -1}\n'))  # rewritten: another ETag and size
+    with pytest.raises(snapshot.RestoreError, match=r"lines-1\.jsonl\.gz changed since the snapshot was saved"):
+        snapshot.DataLoader2(factory()).restore_snapshot(snap)

@@ -13,6 +13,7 @@ registered hook has no case here; ``tests/test_coverage.py`` picks its graphs fr
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -191,6 +192,111 @@ def read_lines(root: str):
     return td.LineReader(td.FileOpener(td.FileLister(root, "*.txt"), mode="b"), decode=True)
 
 
+def corpus(root: str) -> str:
+    return os.path.join(root, "corpus")  # written when the graph first lists it (tests/file_corpus.py)
+
+
+def tar_webdataset(root: str):
+    from tests import file_corpus
+
+    return file_corpus.webdataset(corpus(root), shuffle=3)
+
+
+def zip_members(root: str):
+    from tests import file_corpus
+
+    return file_corpus.zip_members(corpus(root))
+
+
+def gzip_lines(root: str):
+    from tests import file_corpus
+
+    return file_corpus.gzip_lines(corpus(root))
+
+
+def csv_rows(root: str, as_dict: bool):
+    from tests import file_corpus
+
+    return file_corpus.csv_rows(corpus(root), as_dict)
+
+
+def json_files(root: str):
+    return td.JsonParser(FileOpener(FileLister(root, "*.json"), mode="t"))
+
+
+def tfrecords(root: str):
+    from tests import file_corpus
+
+    return file_corpus.tfrecords(corpus(root))
+
+
+def shard_names(root: str):
+    return td.ShardExpander(IterableWrapper([os.path.join(root, "r{00..03}.txt"), os.path.join(root, "d{7..8}.json")]))
+
+
+def fsspec_chunks(root: str):
+    return StreamReader(td.FSSpecFileOpener(td.FSSpecFileLister(root, "*.txt"), mode="rb"), chunk=4)
+
+
+def corpus_case(name: str, root: str):
+    from tests import file_corpus
+
+    return getattr(file_corpus, name)(corpus(root))
+
+
+def saved_path(root: str, name: str) -> str:
+    return os.path.join(root, "saved", name)
+
+
+def saved_flat(root: str, name: str) -> str:
+    return os.path.join(root, f"fs-{name}")  # save_by_fsspec makes no directory
+
+
+def named_bytes(x):
+    return (f"item-{x}.bin", bytes([x]) * (x % 5))
+
+
+def saved(root: str, fsspec: bool):
+    items = td.Mapper(IterableWrapper(range(9)), named_bytes)
+    if fsspec:
+        out = td.FSSpecSaver(items, mode="wb", filepath_fn=functools.partial(saved_flat, root))
+    else:
+        out = td.Saver(items, mode="wb", filepath_fn=functools.partial(saved_path, root))
+    return td.Mapper(out, os.path.basename)
+
+
+def record(x):
+    return {"a": x, "b": {"c": x * 2, "d": -x}, "e": [x, x + 1]}
+
+
+def as_row(x):
+    return (x, x * 2, x * 3, x * 4)
+
+
+def mod5(x):
+    return x % 5
+
+
+def csv_both(root: str):
+    return td.Concater(csv_rows(root, False), csv_rows(root, True))
+
+
+def compressed_lines(root: str):
+    return td.Concater(corpus_case("bz2_lines", root), corpus_case("xz_paragraphs", root))
+
+
+def both_savers(root: str):
+    return td.Concater(saved(root, False), saved(root, True))
+
+
+def slow_square(x):
+    return x * x
+
+
+async def async_square(x):
+    return x * x
+
+
 TORCHDATA: dict[str, Callable[..., Any]] = {} if td is None else {
     "header": lambda: td.Header(Shuffler(IterableWrapper(range(30)), buffer_size=5), limit=11),
     "header_longer_than_source": lambda: td.Header(IterableWrapper(range(4)), limit=10),
@@ -213,6 +319,25 @@ TORCHDATA: dict[str, Callable[..., Any]] = {} if td is None else {
     "sample_multiplexer": sample_multiplexer,
     "in_memory_cache": cached,
     "read_lines": functools.partial(read_lines, DATA),
+    "tar_webdataset": functools.partial(tar_webdataset, DATA),
+    "zip_members": functools.partial(zip_members, DATA),
+    "gzip_lines": functools.partial(gzip_lines, DATA),
+    "csv_rows_and_dicts": functools.partial(csv_both, DATA),
+    "json_files": functools.partial(json_files, DATA),
+    "shard_expand": functools.partial(shard_names, DATA),
+    "fsspec_chunks": functools.partial(fsspec_chunks, DATA),
+    "threadpool_map": lambda: td.ThreadPoolMapper(Shuffler(IterableWrapper(range(30)), buffer_size=4), slow_square,
+                                                  scheduled_tasks=5, max_workers=2),
+    "async_map_batches": lambda: td.BatchAsyncMapper(IterableWrapper(range(17)), async_square, batch_size=4),
+    "tfrecords": functools.partial(tfrecords, DATA),
+    "bz2_lines_xz_paragraphs": functools.partial(compressed_lines, DATA),
+    "check_hash": functools.partial(corpus_case, "checked_csv", DATA),
+    "save_to_disk_and_by_fsspec": functools.partial(both_savers, DATA),
+    "flatten_drop_slice_rows2columnar": lambda: td.Rows2Columnar(Batcher(td.Slicer(td.Dropper(
+        td.Flattener(td.Mapper(IterableWrapper(range(10)), record)), ["e"]), ["a", "c"]), 3)),
+    "drop_slice_tuples": lambda: td.Slicer(td.Dropper(td.Mapper(IterableWrapper(range(8)), as_row), [1]), 0, 2),
+    "zip_with_map": lambda: td.MapKeyZipper(Shuffler(IterableWrapper(range(12)), buffer_size=3),
+                                            SequenceWrapper(list(range(100, 105))), mod5),
 }
 
 #: Every case, as ``"torch:name"`` or ``"torchdata:name"``.

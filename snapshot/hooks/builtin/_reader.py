@@ -1,0 +1,214 @@
+"""The base of every hook that reads ``(path, stream)`` pairs one stream at a time.
+
+Its state is where it stands in the stream it is reading: the pathname its input gave, the
+stream's address (see :mod:`._streams`) and a position of the subclass's own (a byte offset,
+a member offset or index), never what it has read. A restore checks that the file did not
+change, reopens the address and continues from the position; the input, restored on its own,
+is already past that stream.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from snapshot.errors import RestoreError, SerializationError
+from snapshot.hooks._base import ResumableIterator
+from snapshot.hooks._registry import hook_for
+from snapshot.hooks.builtin._streams import address_of, check_unchanged, reopen
+
+__all__ = ["KeepsAddresses", "OffsetReading", "StreamReading", "inflated_by", "reopenable"]
+
+PATH = "path"
+ADDRESS = "address"
+AT = "at"
+
+#: How many pipes that pass samples on unchanged :func:`reopenable` looks through.
+_MAX_DEPTH = 32
+
+
+def _stream_chain(node: Any, graph: Any) -> Iterator[tuple[Any, Any]]:
+    """The pipes the streams ``node`` reads come through, nearest first, with their iterator hooks
+    (``None`` without one), up to the one that opened them or the first that does not pass them on."""
+    for _ in range(_MAX_DEPTH):
+        if len(node.inputs) != 1:
+            return
+        node = graph[node.inputs[0]]
+        hook = hook_for(node.datapipe)
+        iterator = hook.iterator if hook is not None else None
+        yield node, iterator
+        if getattr(iterator, "streams", None) not in ("unpacks", "passes"):
+            return
+
+
+def reopenable(node: Any, graph: Any) -> str | None:
+    """``None`` when the streams ``node`` reads carry addresses (they come from an opener, possibly
+    unpacked by archive loaders or ``decompress`` and passed through filters), else why not."""
+    if any(getattr(it, "streams", None) == "opens" for _, it in _stream_chain(node, graph)):
+        return None
+    return ("it reads streams that snapshot cannot reopen: they do not come from FileOpener, open_files_by_fsspec, "
+            "load_from_tar, load_from_zip or decompress (through filters only)")
+
+
+def inflated_by(node: Any, graph: Any) -> list[str]:
+    """The paths of the pipes that inflate the streams ``node`` reads (``decompress``, ...)."""
+    return [n.path for n, it in _stream_chain(node, graph) if getattr(it, "inflates", False)]
+
+
+class KeepsAddresses:
+    """Mixin for readers whose samples have addresses: once :meth:`addressing` is called, the
+    reader sets ``_last`` to the address of each sample it yields; :meth:`fetch` reads one again."""
+
+    _tracking = False
+    _last: Any = None
+
+    def addressing(self) -> Callable[[Any], Any] | None:
+        self._tracking = True
+        return self.fetch
+
+    def last_address(self) -> Any:
+        return self._last
+
+    def fetch(self, address: Any) -> Any:
+        """The sample at ``address`` (what :meth:`last_address` gave), read again."""
+        raise NotImplementedError
+
+
+class StreamReading(KeepsAddresses, ResumableIterator):
+    """Reads each ``(path, stream)`` of its input through :meth:`start` and :meth:`resume`.
+
+    Subclasses implement :meth:`start` (the samples of a stream from its beginning),
+    :meth:`resume` (from a saved position) and :meth:`position` (where the current stream
+    stands, between two samples).
+    """
+
+    always_restorable = False
+
+    def __init__(self, datapipe: Any, inputs: Any):
+        super().__init__(datapipe, inputs)
+        self._path: str | None = None
+        self._stream: Any = None
+        self._samples: Iterator[Any] | None = None
+        self._saved: dict[str, Any] | None = None
+
+    def fetch(self, address: Any) -> Any:
+        stream = reopen(address[ADDRESS], address[AT])
+        try:
+            return next(self.parse(address[PATH], stream, address))
+        finally:
+            stream.close()
+
+    def parse(self, path: str, stream: Any, address: dict[str, Any]) -> Iterator[Any]:
+        """The samples of ``stream`` from where it stands, for :meth:`fetch` (no effect on this
+        iterator's own position)."""
+        raise NotImplementedError
+
+    def address_extra(self) -> dict[str, Any]:
+        """What a sample's address needs beyond the stream and offset (a CSV file's header)."""
+        return {}
+
+    def addressed(self, stream: Any, samples: Iterator[Any]) -> Iterator[Any]:
+        """``samples``, noting where each starts in ``stream`` while addresses are kept (the readers
+        read nothing ahead, so the offset before a sample is where it starts)."""
+        while True:
+            where = stream.tell() if self._tracking else None
+            try:
+                sample = next(samples)
+            except StopIteration:
+                return
+            if where is not None:
+                address = address_of(stream)
+                self._last = None if address is None else {PATH: self._path, ADDRESS: address, AT: where,
+                                                           **self.address_extra()}
+            yield sample
+
+    @classmethod
+    def can_restore(cls, node: Any, graph: Any) -> str | None:
+        return reopenable(node, graph)
+
+    @classmethod
+    def rereads(cls, node: Any, graph: Any) -> str | None:
+        inflating = inflated_by(node, graph)
+        if not inflating:
+            return None
+        return (f"re-inflates its current file from the start up to the saved offset (a compressed stream, "
+                f"inflated by {', '.join(inflating)}, cannot seek); never the files before it")
+
+    @abstractmethod
+    def start(self, path: str, stream: Any) -> Iterator[Any]:
+        """The samples of ``stream`` (named ``path``) from its beginning."""
+
+    @abstractmethod
+    def resume(self, path: str, address: dict[str, Any], position: Any) -> Iterator[Any]:
+        """The samples from ``position`` on, in the stream reopened from ``address``."""
+
+    @abstractmethod
+    def position(self) -> Any:
+        """Where the current stream stands (plain data), between two samples."""
+
+    def next(self) -> Any:
+        while True:
+            if self._samples is None:
+                saved = self._saved
+                if saved is not None:
+                    self._saved = None
+                    self._path = saved[PATH]
+                    self._samples = self.resume(saved[PATH], saved[ADDRESS], saved[AT])
+                else:
+                    self._path, self._stream = next(self.inputs[0])
+                    self._samples = self.start(self._path, self._stream)
+            try:
+                return next(self._samples)
+            except StopIteration:
+                self._samples = self._stream = None
+
+    def reopen(self, address: dict[str, Any], offset: Any = None) -> Any:
+        """The stream at ``address`` (at ``offset``), now the current one."""
+        self._stream = reopen(address, offset)
+        return self._stream
+
+    def get_state(self) -> dict[str, Any]:
+        if self._saved is not None:
+            return dict(self._saved)
+        if self._samples is None:
+            return {PATH: None, ADDRESS: None, AT: None}
+        address = address_of(self._stream)
+        if address is None:
+            raise SerializationError(
+                f"the DataPipe at {self.path} ({type(self.datapipe).__name__}) is reading {self._path} from a "
+                "stream that snapshot cannot reopen (not opened by FileOpener, open_files_by_fsspec, "
+                "load_from_tar, load_from_zip or decompress); restore this graph with strategy='fast_forward'.")
+        return {PATH: self._path, ADDRESS: address, AT: self.position()}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        if ADDRESS not in state and state.get(PATH) is not None:  # saved before streams had addresses
+            raise RestoreError(
+                f"the DataPipe at {self.path} ({type(self.datapipe).__name__}) was saved by an older version of "
+                f"snapshot, as a path and a count, in the middle of {state[PATH]}; restore this snapshot with "
+                "strategy='fast_forward'.")
+        if state.get(ADDRESS) is None:
+            return
+        check_unchanged(state[ADDRESS])
+        self._saved = dict(state)
+
+
+class OffsetReading(StreamReading):
+    """A reader whose position in the current stream is its byte offset (``tell()``)."""
+
+    @abstractmethod
+    def read(self, path: str, stream: Any) -> Iterator[Any]:
+        """The samples of ``stream`` from where it stands."""
+
+    def start(self, path: str, stream: Any) -> Iterator[Any]:
+        return self.addressed(stream, self.read(path, stream))
+
+    def resume(self, path: str, address: dict[str, Any], position: Any) -> Iterator[Any]:
+        stream = self.reopen(address, position)
+        return self.addressed(stream, self.read(path, stream))
+
+    def parse(self, path: str, stream: Any, address: dict[str, Any]) -> Iterator[Any]:
+        return self.read(path, stream)
+
+    def position(self) -> Any:
+        return self._stream.tell()

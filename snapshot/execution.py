@@ -28,6 +28,7 @@ from typing import Any
 from torch.utils.data import MapDataPipe
 
 from snapshot import _progress
+from snapshot._passes import PASSES, Passes, refuse_crossing
 from snapshot.errors import PositionError, RestoreError
 from snapshot.graph import ROOT, Graph
 from snapshot.hooks import StateHook, hook_for
@@ -165,6 +166,7 @@ class Run(Iterator[Any]):
         self._replay = plan.replay if (plan is not None and records is not None) else frozenset()
         self._hooks: dict[str, StateHook | None] = {}
         self._fresh: set[str] = set()
+        self._passes = Passes(graph, self.seeds, records, self._replay)
         self._cells: dict[str, Any] = {}
         self._slots: list[Any] = []
         self._sink = self._build(sink)
@@ -193,6 +195,8 @@ class Run(Iterator[Any]):
         datapipe = node.datapipe
         hook = self._hooks[path] = hook_for(datapipe)
         record = self._restored(path)
+        if self._records is not None and path not in self._fresh:
+            self._passes.restored(path)
         if path in self._replay and path not in self._fresh and self._records is not None:
             rewind(self.graph, self._records, [path])
         if hook is not None and hook.iterator is not None:
@@ -225,8 +229,10 @@ class Run(Iterator[Any]):
         """Fresh cells for the whole subgraph behind input ``index`` of ``consumer``."""
         path = self.graph[consumer].inputs[index]
         subgraph = self.graph.ancestors(path)
+        refuse_crossing(self.graph, consumer, subgraph, self._ports)
         for p in subgraph:
             self._cells.pop(p, None)
+        self._passes.restart(consumer, path, subgraph)
         self._fresh.update(subgraph)
         return self._input(path)
 
@@ -265,7 +271,10 @@ class Run(Iterator[Any]):
             if saved is None or cell is None:
                 continue
             where = f"  {path} ({self.graph[path].signature}): "
-            if cell.yielded != saved:
+            passes = self._passes.diverged(path)
+            if passes is not None:
+                diverged.append(f"{where}{passes}")
+            elif cell.yielded != saved:
                 diverged.append(f"{where}saved {saved}, replayed {cell.yielded}")
             elif bool(getattr(cell, "exhausted", False)) != bool(record.get(EXHAUSTED)):
                 ended = bool(record.get(EXHAUSTED))
@@ -357,6 +366,9 @@ class Run(Iterator[Any]):
             note = cell.buffer_note() if isinstance(cell, ResumableIterator) else None
             if note is not None:
                 records[path][BUFFER_STATE] = note
+            passes = self._passes.record(path)
+            if passes is not None:
+                records[path][PASSES] = passes
         return records
 
     def close(self) -> None:

@@ -1,0 +1,129 @@
+"""Passes: a subgraph iterated again within one epoch, and the seeds of its later passes.
+
+A pipe such as ``cycle`` starts its input over when it ends (through
+:meth:`~snapshot.hooks._base.ResumableIterator.restart_input`): every node behind that input
+starts a new *pass*. A random pipe there (``shuffle``, ``in_batch_shuffle``, ``bucketbatch``,
+any pipe with ``set_seed``) would draw the seed of that pass from torch's global generator,
+which no snapshot reproduces. Here each pass gets a seed derived from the pipe's epoch seed and
+the pass's *key* (:func:`snapshot.randomness.pass_seed`) instead.
+
+The key of a pass is hierarchical: when the pipe at ``by`` starts its input over for the
+``j``-th time in its own current pass (whose key is ``K``), every node behind that input gets
+the pass ``(by, K + (j,))``. Nodes never started over keep the empty key (the epoch seed), so
+a graph without re-iteration yields exactly what it yielded before.
+
+A node's pass is saved in its record (``passes``: ``{"by": ..., "key": [...]}``), so:
+
+- a node restored from its state continues its pass, and its next pass gets the right key;
+- a node that is replayed starts at the pass its replay begins in: the saved one when the
+  pipe that started it over is not replayed, else (as that pipe replays its own pass from its
+  start) the pass in which that pipe's pass began, recursively;
+- after a replay, every replayed node must have reached its saved pass, or the restore is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from snapshot.errors import ShardingError
+from snapshot.randomness import pass_seed
+
+__all__ = ["BY", "KEY", "PASSES", "Pass", "Passes", "refuse_crossing"]
+
+#: Key of a node record: the node's current pass (absent: its first pass of the epoch).
+PASSES = "passes"
+BY = "by"
+KEY = "key"
+
+
+@dataclass(frozen=True)
+class Pass:
+    """A pass of a node: which pipe started it (``None``: the epoch did) and its key."""
+
+    by: str | None = None
+    key: tuple[int, ...] = ()
+
+    def plain(self) -> dict[str, Any]:
+        return {BY: self.by, KEY: list(self.key)}
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any] | None) -> Pass:
+        saved = (record or {}).get(PASSES)
+        if not saved:
+            return cls()
+        return cls(None if saved[BY] is None else str(saved[BY]), tuple(int(k) for k in saved[KEY]))
+
+
+_FIRST = Pass()
+
+
+class Passes:
+    """The current pass of every node of one :class:`~snapshot.execution.Run`.
+
+    Args:
+        graph: the run's graph (random pipes get their pass seeds through ``set_seed``).
+        seeds: per node path, the epoch seed of each random pipe the run may start.
+        records: the saved node records the run restores from (``None``: a fresh epoch).
+        replay: the nodes the run replays from the start of their pass.
+    """
+
+    def __init__(self, graph: Any, seeds: Mapping[str, int], records: Mapping[str, Any] | None,
+                 replay: Collection[str]):
+        self._graph = graph
+        self._seeds = seeds
+        self._records = records or {}
+        self._replay = replay
+        self._now: dict[str, Pass] = {}
+
+    def saved(self, path: str) -> Pass:
+        return Pass.from_record(self._records.get(path))
+
+    def restored(self, path: str) -> None:
+        """Put back the pass of node ``path``, built from the saved records."""
+        current = self.saved(path)
+        if path in self._replay:
+            while current.by is not None and current.by in self._replay:
+                current = self.saved(current.by)
+        self._begin(path, current)
+
+    def restart(self, consumer: str, input_path: str, subgraph: Collection[str]) -> None:
+        """``consumer`` starts its input ``input_path`` (and all of ``subgraph`` behind it) over."""
+        previous = self._now.get(input_path, _FIRST)
+        count = previous.key[-1] + 1 if previous.by == consumer else 1
+        started = Pass(consumer, self._now.get(consumer, _FIRST).key + (count,))
+        for path in subgraph:
+            self._begin(path, started)
+
+    def _begin(self, path: str, current: Pass) -> None:
+        if current == _FIRST and path not in self._now:
+            return
+        self._now[path] = current
+        seed = self._seeds.get(path)
+        if seed is not None:
+            self._graph[path].datapipe.set_seed(pass_seed(seed, current.key))
+
+    def record(self, path: str) -> dict[str, Any] | None:
+        """What a record saves of ``path``'s pass (``None``: its first pass of the epoch)."""
+        current = self._now.get(path, _FIRST)
+        return None if current == _FIRST else current.plain()
+
+    def diverged(self, path: str) -> str | None:
+        """After a replay: how ``path``'s pass differs from the saved one (``None``: it does not)."""
+        now, saved = self._now.get(path, _FIRST), self.saved(path)
+        if now == saved:
+            return None
+        return f"it replayed pass {list(now.key)}, the snapshot was in pass {list(saved.key)}"
+
+
+def refuse_crossing(graph: Any, consumer: str, subgraph: Collection[str], ports: Collection[str]) -> None:
+    """Refuse to start ``subgraph`` over when it reaches a sharding point that this logical
+    shard shares with the others (its samples come from a router, read once for all shards)."""
+    crossed = [p for p in subgraph if p in ports]
+    if crossed:
+        raise ShardingError(
+            f"the DataPipe at {consumer} ({graph[consumer].signature}) iterates its input again, and that "
+            f"input reads from the sharding point at {crossed[0]}, which this logical shard shares with the "
+            f"others, so it cannot read it again on its own. Put the {type(graph[consumer].datapipe).__name__} "
+            "above the sharding_filter, or run with one logical shard (logical_shards=1).")

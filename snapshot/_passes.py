@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from snapshot.errors import ShardingError
+from snapshot.hooks.builtin._rng import AT_PASS_START
 from snapshot.randomness import pass_seed
 
-__all__ = ["BY", "KEY", "PASSES", "Pass", "Passes", "refuse_crossing"]
+__all__ = ["AT_PASS_START", "BY", "KEY", "PASSES", "Pass", "Passes", "carry_over", "refuse_crossing"]
 
 #: Key of a node record: the node's current pass (absent: its first pass of the epoch).
 PASSES = "passes"
@@ -82,11 +83,24 @@ class Passes:
 
     def restored(self, path: str) -> None:
         """Put back the pass of node ``path``, built from the saved records."""
+        self._begin(path, self._first_replayed(path) if path in self._replay else self.saved(path))
+
+    def _first_replayed(self, path: str) -> Pass:
         current = self.saved(path)
-        if path in self._replay:
-            while current.by is not None and current.by in self._replay:
-                current = self.saved(current.by)
-        self._begin(path, current)
+        while current.by is not None and current.by in self._replay:
+            current = self.saved(current.by)
+        return current
+
+    def rewind_record(self, path: str) -> dict[str, Any]:
+        """The record to rewind replayed node ``path`` with: its state, with the values it had at
+        the start of its pass (:data:`AT_PASS_START`) when its replay starts in its saved pass."""
+        record = dict(self._records.get(path) or {})
+        state = record.get("state")
+        saved = self.saved(path)
+        if (saved != _FIRST and isinstance(state, dict) and AT_PASS_START in state
+                and self._first_replayed(path) == saved):
+            return {**record, "state": {**state, **state[AT_PASS_START]}}
+        return record
 
     def restart(self, consumer: str, input_path: str, subgraph: Collection[str]) -> None:
         """``consumer`` starts its input ``input_path`` (and all of ``subgraph`` behind it) over."""
@@ -115,6 +129,15 @@ class Passes:
         if now == saved:
             return None
         return f"it replayed pass {list(now.key)}, the snapshot was in pass {list(saved.key)}"
+
+
+def carry_over(previous: Mapping[str, Any], cells: Mapping[str, Any]) -> None:
+    """Let each cell started again within the epoch take over from its previous cell what it
+    keeps for the whole epoch (a cell that defines ``follow(previous)``)."""
+    for path, old in previous.items():
+        follow = getattr(cells.get(path), "follow", None)
+        if old is not None and follow is not None:
+            follow(old)
 
 
 def refuse_crossing(graph: Any, consumer: str, subgraph: Collection[str], ports: Collection[str]) -> None:

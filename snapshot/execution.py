@@ -28,7 +28,7 @@ from typing import Any
 from torch.utils.data import MapDataPipe
 
 from snapshot import _progress
-from snapshot._passes import PASSES, Passes, refuse_crossing
+from snapshot._passes import PASSES, Passes, carry_over, refuse_crossing
 from snapshot.errors import PositionError, RestoreError
 from snapshot.graph import ROOT, Graph
 from snapshot.hooks import StateHook, hook_for
@@ -198,7 +198,7 @@ class Run(Iterator[Any]):
         if self._records is not None and path not in self._fresh:
             self._passes.restored(path)
         if path in self._replay and path not in self._fresh and self._records is not None:
-            rewind(self.graph, self._records, [path])
+            rewind(self.graph, {path: self._passes.rewind_record(path)}, [path])
         if hook is not None and hook.iterator is not None:
             inputs = [self._input(p) for p in node.inputs]
             cell = hook.iterator(datapipe, inputs)
@@ -230,11 +230,12 @@ class Run(Iterator[Any]):
         path = self.graph[consumer].inputs[index]
         subgraph = self.graph.ancestors(path)
         refuse_crossing(self.graph, consumer, subgraph, self._ports)
-        for p in subgraph:
-            self._cells.pop(p, None)
+        previous = {p: self._cells.pop(p, None) for p in subgraph}
         self._passes.restart(consumer, path, subgraph)
         self._fresh.update(subgraph)
-        return self._input(path)
+        cell = self._input(path)
+        carry_over(previous, self._cells)
+        return cell
 
     def _input(self, path: str) -> Any:
         datapipe = self.graph[path].datapipe

@@ -27,11 +27,11 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from snapshot.errors import ShardingError
+from snapshot.errors import ExecutionError, ShardingError
 from snapshot.hooks.builtin._rng import AT_PASS_START
 from snapshot.randomness import pass_seed
 
-__all__ = ["AT_PASS_START", "BY", "KEY", "PASSES", "Pass", "Passes", "carry_over", "refuse_crossing"]
+__all__ = ["AT_PASS_START", "BY", "KEY", "PASSES", "Pass", "Passes", "carry_over", "check_restart"]
 
 #: Key of a node record: the node's current pass (absent: its first pass of the epoch).
 PASSES = "passes"
@@ -81,9 +81,23 @@ class Passes:
     def saved(self, path: str) -> Pass:
         return Pass.from_record(self._records.get(path))
 
-    def restored(self, path: str) -> None:
-        """Put back the pass of node ``path``, built from the saved records."""
-        self._begin(path, self._first_replayed(path) if path in self._replay else self.saved(path))
+    def restored(self, path: str, *, replayed: bool | None = None) -> None:
+        """Put back the pass of node ``path``, built from the saved records (``replayed``: whether
+        it is read again from the start of a pass; default: whether the plan replays it)."""
+        if replayed is None:
+            replayed = path in self._replay
+        self._begin(path, self._first_replayed(path) if replayed else self.saved(path))
+
+    def restored_port(self, path: str, consumers: Collection[str]) -> Any:
+        """Put back the pass of port ``path`` (a logical shard's sharding point) from the saved
+        records; returns its saved state if it continues that pass (``None``: it starts over)."""
+        replayed = any(c in self._replay for c in consumers)
+        self.restored(path, replayed=replayed)
+        return None if replayed else (self._records.get(path) or {}).get("state")
+
+    def key(self, path: str) -> tuple[int, ...]:
+        """The key of ``path``'s current pass (empty: its first pass of the epoch)."""
+        return self._now.get(path, _FIRST).key
 
     def _first_replayed(self, path: str) -> Pass:
         current = self.saved(path)
@@ -140,9 +154,18 @@ def carry_over(previous: Mapping[str, Any], cells: Mapping[str, Any]) -> None:
             follow(old)
 
 
-def refuse_crossing(graph: Any, consumer: str, subgraph: Collection[str], ports: Collection[str]) -> None:
-    """Refuse to start ``subgraph`` over when it reaches a sharding point that this logical
-    shard shares with the others (its samples come from a router, read once for all shards)."""
+def check_restart(graph: Any, consumer: str, subgraph: Collection[str], ports: Collection[str]) -> None:
+    """Refuse to start ``subgraph`` over (for ``consumer``) when other pipes read part of it, or
+    when it reaches a sharding point that this logical shard shares with the others."""
+    region = set(subgraph) | {consumer}
+    for path in sorted(subgraph):
+        others = [c for c in graph[path].consumers if c not in region]
+        if others:
+            raise ExecutionError(
+                f"the DataPipe at {consumer} ({graph[consumer].signature}) iterates its input again within "
+                f"the epoch, but {path} ({graph[path].signature}) behind that input is also read by "
+                f"{', '.join(others)}, which would see it start over (torch's own pipes refuse this too: "
+                "the other iterator is invalidated). Give the re-iterated branch a source of its own.")
     crossed = [p for p in subgraph if p in ports]
     if crossed:
         raise ShardingError(

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 from torch.utils.data.datapipes.iter import IterableWrapper
+from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torchdata.datapipes.iter import SampleMultiplexer
 
 import snapshot
@@ -91,6 +92,26 @@ def multiplexer_replayed_within_its_pass() -> Any:
     its current pass, so it rewinds its generator to that pass's first state."""
     weights = {IterableWrapper(range(10)).shuffle(buffer_size=3): 0.5, IterableWrapper(range(100, 110)): 0.5}
     return Squares(SampleMultiplexer(weights, seed=3)).cycle(3)
+
+
+def cached_shuffle_in_the_cycle() -> Any:
+    """``in_memory_cache`` under the cycle: later passes are served from the cache, as torchdata's are."""
+    return IterableWrapper(range(12)).shuffle(buffer_size=4).in_memory_cache().cycle(3)
+
+
+def cycle_over_zipped_fork_children() -> Any:
+    first, second = IterableWrapper(range(8)).shuffle(buffer_size=3).fork(2)
+    return first.zip(second).cycle(3)
+
+
+def cycle_over_one_fork_child() -> Any:
+    first, second = IterableWrapper(range(8)).shuffle(buffer_size=3).fork(2)
+    return first.cycle(2).zip(second)
+
+
+def cycle_below_a_dispatcher() -> Any:
+    dp = IterableWrapper(range(20)).shuffle(buffer_size=4)
+    return dp.sharding_round_robin_dispatch(SHARDING_PRIORITIES.MULTIPROCESSING).cycle(2)
 
 
 def shuffle_cycled_in_each_shard() -> Any:
@@ -204,6 +225,8 @@ def test_from_snapshot_in_a_fresh_subprocess(tmp_path: Any) -> None:
     (hookless_random_pipe_in_the_cycle, 30, 3),
     (multiplexer_in_the_cycle, 20, 3),
     (multiplexer_replayed_within_its_pass, 20, 3),
+    (cached_shuffle_in_the_cycle, 12, 3),
+    (cycle_over_zipped_fork_children, 8, 3),
 ], ids=lambda v: getattr(v, "__name__", str(v)))
 def test_reiterated_random_pipes_restore_exactly(factory: Any, pass_length: int, passes: int) -> None:
     (first, _), _ = _stream(factory)
@@ -212,6 +235,18 @@ def test_reiterated_random_pipes_restore_exactly(factory: Any, pass_length: int,
                            multiplexer_replayed_within_its_pass)
     strategies = ("auto", "fast_forward") if hookless else ("state", "auto", "fast_forward")
     assert_resumes_exactly(factory, seed=SEED, cuts=pass_cuts(pass_length, passes), strategies=strategies)
+
+
+def test_the_cache_serves_the_later_passes() -> None:
+    (epoch, _), _ = _stream(cached_shuffle_in_the_cycle)
+    assert epoch[:12] == epoch[12:24] == epoch[24:]
+
+
+def test_a_cycle_over_a_branch_that_others_read_is_refused() -> None:
+    with snapshot.DataLoader2(cycle_over_one_fork_child()) as loader:
+        loader.seed(SEED)
+        with pytest.raises(SnapshotError, match="iterates its input again within the epoch.*also read by"):
+            list(loader)
 
 
 def test_later_passes_are_shuffled_again() -> None:
@@ -249,9 +284,36 @@ def test_stream_with_workers_equals_in_process_with_the_same_logical_shards() ->
     assert with_workers == in_process
 
 
+def in_process(logical_shards: int) -> Any:
+    return snapshot.InProcessReadingService(logical_shards=logical_shards)
+
+
+def _below_cuts(total: int) -> list[Cut]:
+    third = total // 3
+    return [Cut(0, 1), Cut(0, third - 1), Cut(0, third), Cut(0, third + 1), Cut(0, third + third // 2),
+            Cut(0, 2 * third), Cut(0, 2 * third + 1), Cut(0, total - 1), Cut(0, total, finished=True), Cut(1, third)]
+
+
+@pytest.mark.parametrize(("factory", "n"), [(issue_case, 40), (shuffle_below_the_sharding_point, 30)])
+def test_a_cycle_below_the_sharding_point_with_workers_keeps_every_pass_a_partition(factory: Any, n: int) -> None:
+    (with_workers,), _ = _stream(factory, service=workers(2), epochs=1)
+    (in_process_2,), _ = _stream(factory, service=in_process(2), epochs=1)
+    assert with_workers == in_process_2
+    items = sorted(with_workers)
+    assert items == sorted(list(range(n)) * 3)
+
+
+@pytest.mark.parametrize("restore_onto", [2, 1, 0], ids=["onto-2-workers", "onto-1-worker", "onto-in-process"])
 @pytest.mark.parametrize("factory", [issue_case, shuffle_below_the_sharding_point])
-def test_a_cycle_that_reads_a_shared_sharding_point_again_is_refused(factory: Any) -> None:
-    with snapshot.DataLoader2(factory(), reading_service=workers(2)) as loader:
+def test_a_cycle_below_the_sharding_point_with_workers_restores_exactly(factory: Any, restore_onto: int) -> None:
+    (epoch,), _ = _stream(factory, service=workers(2), epochs=1)
+    onto = functools.partial(workers, restore_onto) if restore_onto else functools.partial(in_process, 2)
+    assert_resumes_exactly(factory, seed=SEED, reading_service=functools.partial(workers, 2), restore_service=onto,
+                           cuts=_below_cuts(len(epoch)), strategies=("state", "auto"), via_file=False)
+
+
+def test_a_cycle_that_reads_a_dispatched_part_again_is_refused() -> None:
+    with snapshot.DataLoader2(cycle_below_a_dispatcher(), reading_service=workers(2)) as loader:
         loader.seed(SEED)
-        with pytest.raises(SnapshotError, match="iterates its input again.*sharding point"):
+        with pytest.raises(SnapshotError, match="sharding_round_robin_dispatch"):
             list(loader)

@@ -23,7 +23,7 @@ A node's pass is saved in its record (``passes``: ``{"by": ..., "key": [...]}``)
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,7 @@ from snapshot.errors import ExecutionError, ShardingError
 from snapshot.hooks.builtin._rng import AT_PASS_START
 from snapshot.randomness import pass_seed
 
-__all__ = ["AT_PASS_START", "BY", "KEY", "PASSES", "Pass", "Passes", "carry_over", "check_restart"]
+__all__ = ["AT_PASS_START", "BY", "KEY", "PASSES", "Pass", "Passes", "Slot", "arm", "carry_over", "check_restart"]
 
 #: Key of a node record: the node's current pass (absent: its first pass of the epoch).
 PASSES = "passes"
@@ -145,6 +145,55 @@ class Passes:
         return f"it replayed pass {list(now.key)}, the snapshot was in pass {list(saved.key)}"
 
 
+def _nothing() -> None:
+    return None
+
+
+class Slot(Iterator[Any]):
+    """What torch hands a pipe without a hook that iterates an input itself (through the input's
+    ``_fast_forward_iterator`` slot): on its first sample it asks ``take()`` for the cell to read,
+    the input's cell the first time and a new pass of it (run by the engine, seeded for that
+    pass) every later time, instead of torch's own generator, whose seed no snapshot knows."""
+
+    __slots__ = ("_take", "_rearm", "_cell")
+
+    def __init__(self, take: Callable[[], Any], rearm: Callable[[], None]):
+        self._take, self._rearm = take, rearm
+        self._cell: Any = None
+
+    def __iter__(self) -> Slot:
+        return self
+
+    def __next__(self) -> Any:
+        cell = self._cell
+        if cell is not None:
+            return next(cell)
+        cell = self._cell = self._take()
+        try:
+            return next(cell)
+        finally:  # not before: a cell that runs its pipe's own __iter__ takes the slot itself
+            self._rearm()
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return _nothing, ()  # a graph pickled while it runs keeps an empty slot
+
+
+def arm(datapipe: Any, cell: Any, again: Callable[[], Any]) -> None:
+    """Put ``cell`` in ``datapipe``'s slot; once it is taken, the slot is filled again, so that a
+    later ``iter(datapipe)`` reads the new pass that ``again()`` starts."""
+    first: Any = cell
+
+    def take() -> Any:
+        nonlocal first
+        taken, first = first, None
+        return taken if taken is not None else again()
+
+    def rearm() -> None:
+        datapipe._fast_forward_iterator = Slot(take, rearm)
+
+    rearm()
+
+
 def carry_over(previous: Mapping[str, Any], cells: Mapping[str, Any]) -> None:
     """Let each cell started again within the epoch take over from its previous cell what it
     keeps for the whole epoch (a cell that defines ``follow(previous)``)."""
@@ -154,11 +203,13 @@ def carry_over(previous: Mapping[str, Any], cells: Mapping[str, Any]) -> None:
             follow(old)
 
 
-def check_restart(graph: Any, consumer: str, subgraph: Collection[str], ports: Collection[str]) -> None:
-    """Refuse to start ``subgraph`` over (for ``consumer``) when other pipes read part of it, or
-    when it reaches a sharding point that this logical shard shares with the others."""
+def check_restart(graph: Any, consumer: str, subgraph: Collection[str], ports: Collection[str], *,
+                  shared: bool = True) -> None:
+    """Refuse to start ``subgraph`` over (for ``consumer``) when other pipes read part of it
+    (with ``shared``), or when it reaches a sharding point that this logical shard shares with
+    the others."""
     region = set(subgraph) | {consumer}
-    for path in sorted(subgraph):
+    for path in sorted(subgraph) if shared else ():
         others = [c for c in graph[path].consumers if c not in region]
         if others:
             raise ExecutionError(

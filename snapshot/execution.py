@@ -28,7 +28,7 @@ from typing import Any
 from torch.utils.data import MapDataPipe
 
 from snapshot import _progress
-from snapshot._passes import PASSES, Passes, carry_over, check_restart
+from snapshot._passes import PASSES, Passes, Slot, arm, carry_over, check_restart
 from snapshot._replay_check import divergence
 from snapshot.errors import PositionError, RestoreError
 from snapshot.graph import ROOT, Graph
@@ -203,7 +203,7 @@ class Run(Iterator[Any]):
         if hook is not None and hook.iterator is not None:
             inputs = [self._input(p) for p in node.inputs]
             cell = hook.iterator(datapipe, inputs)
-            cell._restart = lambda index, path=path: self._restart(path, index)
+            cell._restart = lambda index, path=path: self._again(path, self.graph[path].inputs[index])
             cell.path = path
             if self.buffer_state != "values":
                 cell.buffer_state = self.buffer_state
@@ -211,7 +211,7 @@ class Run(Iterator[Any]):
                 cell.load_state_dict({YIELDED: record[YIELDED], STATE: record[STATE]})
         else:
             for p in node.inputs:
-                self._install(p)
+                self._install(p, path)
             # A pipe that had not started this epoch starts afresh (its state may be the last
             # epoch's); one that had is put back and continued without torch's reset().
             restored = (hook is not None and record is not None and record.get(STATE) is not None
@@ -237,11 +237,10 @@ class Run(Iterator[Any]):
         cell.path = path
         return cell
 
-    def _restart(self, consumer: str, index: int) -> Any:
-        """Fresh cells for the whole subgraph behind input ``index`` of ``consumer``."""
-        path = self.graph[consumer].inputs[index]
+    def _again(self, consumer: str, path: str, *, shared: bool = True) -> Any:
+        """Fresh cells (a new pass) for ``path`` and its subgraph, started again by ``consumer``."""
         subgraph = self.graph.ancestors(path)
-        check_restart(self.graph, consumer, subgraph, () if self._reread is not None else self._ports)
+        check_restart(self.graph, consumer, subgraph, () if self._reread is not None else self._ports, shared=shared)
         previous = {p: self._cells.pop(p, None) for p in subgraph}
         self._passes.restart(consumer, path, subgraph)
         self._fresh.update(subgraph)
@@ -253,12 +252,13 @@ class Run(Iterator[Any]):
         datapipe = self.graph[path].datapipe
         return datapipe if isinstance(datapipe, MapDataPipe) else self._build(path)
 
-    def _install(self, path: str) -> None:
+    def _install(self, path: str, consumer: str) -> None:
+        """Put ``path``'s cell in its slot for ``consumer`` (a pipe that iterates it itself); once
+        taken, the slot is filled again, so a later ``iter()`` starts a new pass of it here."""
         datapipe = self.graph[path].datapipe
         if isinstance(datapipe, MapDataPipe):
             return
-        cell = self._build(path)
-        datapipe._fast_forward_iterator = cell
+        arm(datapipe, self._build(path), lambda: self._again(consumer, path, shared=False))
         self._slots.append(datapipe)
 
     # -- restoring ------------------------------------------------------------------------
@@ -370,9 +370,8 @@ class Run(Iterator[Any]):
         return records
 
     def close(self) -> None:
-        """Clear the slots this run installed that nobody consumed."""
-        ours = {id(cell) for cell in self._cells.values()}
+        """Clear the slots this run installed."""
         for datapipe in self._slots:
-            if id(getattr(datapipe, "_fast_forward_iterator", None)) in ours:
+            if isinstance(getattr(datapipe, "_fast_forward_iterator", None), Slot):
                 datapipe._fast_forward_iterator = None
         self._slots.clear()

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter import IterableWrapper
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 from torchdata.datapipes.iter import SampleMultiplexer
@@ -112,6 +113,31 @@ def cycle_over_one_fork_child() -> Any:
 def cycle_below_a_dispatcher() -> Any:
     dp = IterableWrapper(range(20)).shuffle(buffer_size=4)
     return dp.sharding_round_robin_dispatch(SHARDING_PRIORITIES.MULTIPROCESSING).cycle(2)
+
+
+class Twice(IterDataPipe):
+    """A user pipe without a hook that iterates its input twice per epoch."""
+
+    def __init__(self, datapipe: Any):
+        self.datapipe = datapipe
+
+    def __iter__(self) -> Any:
+        yield from self.datapipe
+        for x in self.datapipe:
+            yield x + 100
+
+
+def hookless_reiterator_over_shuffle() -> Any:
+    """The second ``iter()`` of the shuffle comes from a pipe the engine does not run: the engine
+    still hands it a new pass of the shuffle, seeded for that pass."""
+    return Twice(IterableWrapper(range(10)).shuffle(buffer_size=3)).map(double)
+
+
+def random_split_over_shuffle() -> Any:
+    """Each ``random_split`` child reads the shuffle again (a new pass each)."""
+    first, second = IterableWrapper(range(10)).shuffle(buffer_size=3).random_split(
+        total_length=10, weights={"a": 0.5, "b": 0.5}, seed=0)
+    return first.concat(second)
 
 
 def shuffle_cycled_in_each_shard() -> Any:
@@ -227,12 +253,13 @@ def test_from_snapshot_in_a_fresh_subprocess(tmp_path: Any) -> None:
     (multiplexer_replayed_within_its_pass, 20, 3),
     (cached_shuffle_in_the_cycle, 12, 3),
     (cycle_over_zipped_fork_children, 8, 3),
+    (hookless_reiterator_over_shuffle, 10, 2),
 ], ids=lambda v: getattr(v, "__name__", str(v)))
 def test_reiterated_random_pipes_restore_exactly(factory: Any, pass_length: int, passes: int) -> None:
     (first, _), _ = _stream(factory)
     assert len(first) == pass_length * passes
     hookless = factory in (hookless_inside_the_cycle, hookless_outside_the_cycle, hookless_random_pipe_in_the_cycle,
-                           multiplexer_replayed_within_its_pass)
+                           multiplexer_replayed_within_its_pass, hookless_reiterator_over_shuffle)
     strategies = ("auto", "fast_forward") if hookless else ("state", "auto", "fast_forward")
     assert_resumes_exactly(factory, seed=SEED, cuts=pass_cuts(pass_length, passes), strategies=strategies)
 
@@ -247,6 +274,12 @@ def test_a_cycle_over_a_branch_that_others_read_is_refused() -> None:
         loader.seed(SEED)
         with pytest.raises(SnapshotError, match="iterates its input again within the epoch.*also read by"):
             list(loader)
+
+
+def test_random_split_over_a_shuffle_restores_exactly() -> None:
+    (epoch, _), _ = _stream(random_split_over_shuffle)
+    assert len(epoch) == 10
+    assert_resumes_exactly(random_split_over_shuffle, seed=SEED, cuts=pass_cuts(5, 2), strategies=("auto",))
 
 
 def test_later_passes_are_shuffled_again() -> None:

@@ -350,3 +350,42 @@ def test_a_cycle_that_reads_a_dispatched_part_again_is_refused() -> None:
         loader.seed(SEED)
         with pytest.raises(SnapshotError, match="sharding_round_robin_dispatch"):
             list(loader)
+
+
+# -- ranks (real gloo process groups) -------------------------------------------------------
+
+def _rank_epoch(rank: int, world: int) -> list[Any]:
+    with snapshot.DataLoader2(issue_case(), reading_service=snapshot.DistributedReadingService(60)) as loader:
+        loader.seed(SEED)
+        return list(loader)
+
+
+def _rank_save(rank: int, world: int, directory: str, steps: int) -> list[Any]:
+    with snapshot.DataLoader2(issue_case(), reading_service=snapshot.DistributedReadingService(60)) as loader:
+        loader.seed(SEED)
+        it = iter(loader)
+        for _ in range(steps):
+            next(it)
+        loader.save_snapshot(directory)
+        return list(it)
+
+
+def _rank_restore(rank: int, world: int, directory: str) -> list[Any]:
+    with snapshot.DataLoader2(issue_case(), reading_service=snapshot.DistributedReadingService(60)) as loader:
+        loader.restore_snapshot(directory)
+        return list(loader)
+
+
+def test_a_cycle_below_the_sharding_point_on_two_ranks(tmp_path: Any) -> None:
+    from tests.dist import run_ranks
+
+    (single,), _ = _stream(issue_case, service=in_process(2), epochs=1)
+    ranks = run_ranks(2, _rank_epoch)
+    assert ranks == [single[0::2], single[1::2]]
+    directory = str(tmp_path / "data.snap")
+    rests = run_ranks(2, _rank_save, directory, 45)  # each rank in its third pass
+    assert rests == [single[0::2][45:], single[1::2][45:]]
+    assert run_ranks(2, _rank_restore, directory) == rests
+    with snapshot.DataLoader2(issue_case(), reading_service=in_process(2)) as loader:
+        loader.restore_snapshot(directory)  # onto one process
+        assert list(loader) == single[90:]

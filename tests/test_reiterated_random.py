@@ -336,6 +336,20 @@ def test_a_cycle_below_the_sharding_point_with_workers_keeps_every_pass_a_partit
     assert items == sorted(list(range(n)) * 3)
 
 
+def test_with_workers_a_run_that_saves_equals_one_that_never_saves() -> None:
+    plain, _ = _stream(issue_case, service=workers(2))
+    saving, snaps = _stream(issue_case, service=workers(2), save_at=(39, 40, 41, 79, 80, 81, 100))
+    assert len(snaps) == 7
+    assert saving == plain
+
+
+@pytest.mark.parametrize("factory", [issue_case, nested_cycles, cycle_over_bucketbatch])
+def test_buffers_saved_by_position_restore_exactly(factory: Any) -> None:
+    (epoch, _), _ = _stream(factory)
+    assert_resumes_exactly(factory, seed=SEED, cuts=pass_cuts(len(epoch) // 3, 3), strategies=("state", "auto"),
+                           buffer_state="positions")
+
+
 @pytest.mark.parametrize("restore_onto", [2, 1, 0], ids=["onto-2-workers", "onto-1-worker", "onto-in-process"])
 @pytest.mark.parametrize("factory", [issue_case, shuffle_below_the_sharding_point])
 def test_a_cycle_below_the_sharding_point_with_workers_restores_exactly(factory: Any, restore_onto: int) -> None:

@@ -403,3 +403,54 @@ def test_a_cycle_below_the_sharding_point_on_two_ranks(tmp_path: Any) -> None:
     with snapshot.DataLoader2(issue_case(), reading_service=in_process(2)) as loader:
         loader.restore_snapshot(directory)  # onto one process
         assert list(loader) == single[90:]
+
+
+def _rank_seen_then_saved(rank: int, world: int, directory: str, steps: int) -> list[Any]:
+    with snapshot.DataLoader2(issue_case(), reading_service=snapshot.DistributedReadingService(
+            60, even_batches=None)) as loader:
+        loader.seed(SEED)
+        it = iter(loader)
+        seen = [next(it) for _ in range(steps)]
+        loader.save_snapshot(directory)
+        return seen
+
+
+def _rank_rest(rank: int, world: int, directory: str) -> dict[str, list[Any]]:
+    with snapshot.DataLoader2(issue_case(), reading_service=snapshot.DistributedReadingService(
+            60, even_batches=None)) as loader:
+        loader.restore_snapshot(directory)
+        return {"rest": list(loader), "next": list(loader)}
+
+
+@pytest.mark.parametrize(("saved", "resumed", "steps"), [(2, 3, 7), (2, 1, 25), (2, 1, 45)])
+def test_a_cycle_below_the_sharding_point_restored_onto_another_number_of_ranks(
+        tmp_path: Any, saved: int, resumed: int, steps: int) -> None:
+    from collections import Counter
+
+    from tests.dist import run_ranks
+
+    directory = str(tmp_path / "data.snap")
+    seen = run_ranks(saved, _rank_seen_then_saved, directory, steps)
+    after = run_ranks(resumed, _rank_rest, directory)
+    every_pass = Counter(list(range(40)) * 3)
+    epoch = Counter(x for share in seen for x in share) + Counter(x for r in after for x in r["rest"])
+    assert epoch == every_pass, "each sample once per pass in the interrupted epoch"
+    assert Counter(x for r in after for x in r["next"]) == every_pass
+
+
+def _rank_refused(rank: int, world: int, directory: str) -> str:
+    with snapshot.DataLoader2(issue_case(), reading_service=snapshot.DistributedReadingService(60)) as loader:
+        try:
+            loader.restore_snapshot(directory)
+        except SnapshotError as exc:
+            return str(exc)
+        return "restored"
+
+
+def test_a_split_of_units_in_a_later_pass_is_refused(tmp_path: Any) -> None:
+    from tests.dist import run_ranks
+
+    directory = str(tmp_path / "data.snap")
+    run_ranks(2, _rank_seen_then_saved, directory, 25)  # each rank in its second pass
+    for message in run_ranks(3, _rank_refused, directory):
+        assert "read its sharding point 0/source_datapipe again" in message

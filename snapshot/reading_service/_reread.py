@@ -12,18 +12,20 @@ its share through a router of its own, exactly as the shared one deals:
   those pipes keep across epochs saved alongside, so a restore builds the same copy;
 - each random pipe of the copy gets the seed of that pass, derived from its shared epoch seed
   and the pass key (:func:`snapshot.randomness.pass_seed`), so every shard sees the same order
-  and pass k's shares still partition that pass;
+  and pass k's shares still partition that pass (its router deals as the shared one does,
+  sub-shards of an epoch split between ranks included);
 - its state is the copy's node records and its router's position, saved under the sharding
   point's path in the shard's record, so it moves with the shard onto any other layout.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from snapshot._passes import PASSES
 from snapshot._serialization import clone
-from snapshot.errors import ShardingError
+from snapshot.errors import LayoutError, ShardingError
 from snapshot.execution import Run, capture_persistent, restore_persistent
 from snapshot.graph import ROOT, Graph
 from snapshot.hooks._base import ResumableIterator
@@ -31,7 +33,7 @@ from snapshot.plan import RestoreStrategy, make_plan
 from snapshot.randomness import pass_seed
 from snapshot.reading_service._routing import Router
 
-__all__ = ["Reread", "reread"]
+__all__ = ["Reread", "check_one_pass", "reread"]
 
 NODES = "nodes"
 ROUTER = "router"
@@ -84,6 +86,23 @@ def reread(port: Any, key: tuple[int, ...], state: Mapping[str, Any] | None, *, 
         counts = {p: r["yielded"] for p, r in records.items()}
         plan = make_plan(copy, counts, RestoreStrategy.AUTO)
     run = Run(copy, own, records=records, plan=plan, buffer_state=buffer_state)
-    shared = Router(run, router.count, [port.shard], state[ROUTER] if state is not None else None,
-                    outer=router.outer)
+    if state is None:  # a new pass, dealt as the shared router deals (sub-shards included)
+        state = {ROUTER: {"deal": router.deal.state(), "position": 0, "kept": 0, "ended": False,
+                          "next": {port.shard: 0}, "queues": {port.shard: []}}}
+    shared = Router(run, router.count, [port.shard], state[ROUTER], outer=router.outer)
     return Reread(port.datapipe, run, shared, port.shard, persistent)
+
+
+def check_one_pass(shards: Sequence[Any], routers: Sequence[str]) -> None:
+    """Refuse to split the units of a mid-epoch snapshot (a restore onto ranks that cannot share
+    them) when one of them was reading its sharding point again: sub-shards split a unit where
+    it had stopped in its first pass."""
+    for unit, record in enumerate(shards):
+        nodes = (record or {}).get("nodes") or {}
+        for path in routers:
+            if (nodes.get(path) or {}).get(PASSES):
+                raise LayoutError(
+                    f"this mid-epoch snapshot was taken while unit {unit} read its sharding point {path} again "
+                    "(a later pass of a cycle below the sharding_filter), and its units cannot be shared equally "
+                    "by the ranks now running: restore on a number of ranks that divides the snapshot's units, or "
+                    "from a snapshot taken in the first pass or at the end of the epoch")

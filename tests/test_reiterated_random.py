@@ -43,6 +43,12 @@ def shuffle_below_the_sharding_point() -> Any:
     return IterableWrapper(range(30)).sharding_filter().shuffle(buffer_size=5).cycle(3)
 
 
+def hookless_between_the_sharding_point_and_the_cycle() -> Any:
+    """A user pipe without a hook right below the sharding point, under the cycle: a restore
+    replays it from the start of its pass, reading that pass of the sharding point again."""
+    return Squares(IterableWrapper(range(30)).shuffle(buffer_size=5).sharding_filter()).cycle(3)
+
+
 def cycled_above_the_sharding_point() -> Any:
     return IterableWrapper(range(30)).shuffle(buffer_size=6).cycle(3).sharding_filter().map(double)
 
@@ -351,12 +357,17 @@ def test_buffers_saved_by_position_restore_exactly(factory: Any) -> None:
 
 
 @pytest.mark.parametrize("restore_onto", [2, 1, 0], ids=["onto-2-workers", "onto-1-worker", "onto-in-process"])
-@pytest.mark.parametrize("factory", [issue_case, shuffle_below_the_sharding_point])
-def test_a_cycle_below_the_sharding_point_with_workers_restores_exactly(factory: Any, restore_onto: int) -> None:
+@pytest.mark.parametrize(("factory", "strategies"), [
+    (issue_case, ("state", "auto", "fast_forward")),
+    (shuffle_below_the_sharding_point, ("state", "auto")),
+    (hookless_between_the_sharding_point_and_the_cycle, ("auto", "fast_forward")),
+], ids=lambda v: getattr(v, "__name__", None) or "-".join(v))
+def test_a_cycle_below_the_sharding_point_with_workers_restores_exactly(factory: Any, strategies: Any,
+                                                                      restore_onto: int) -> None:
     (epoch,), _ = _stream(factory, service=workers(2), epochs=1)
     onto = functools.partial(workers, restore_onto) if restore_onto else functools.partial(in_process, 2)
     assert_resumes_exactly(factory, seed=SEED, reading_service=functools.partial(workers, 2), restore_service=onto,
-                           cuts=_below_cuts(len(epoch)), strategies=("state", "auto"), via_file=False)
+                           cuts=_below_cuts(len(epoch)), strategies=strategies, via_file=False)
 
 
 def test_a_cycle_that_reads_a_dispatched_part_again_is_refused() -> None:

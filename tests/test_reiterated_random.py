@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter import IterableWrapper
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
+from torch.utils.data.datapipes.map import SequenceWrapper
 from torchdata.datapipes.iter import SampleMultiplexer
 
 import snapshot
@@ -87,6 +88,11 @@ def hookless_outside_the_cycle() -> Any:
 def hookless_random_pipe_in_the_cycle() -> Any:
     """``shuffled_flatmap`` has no hook: it takes its pass's seed through its own reset()."""
     return IterableWrapper([[i, i + 100, i + 200] for i in range(10)]).shuffled_flatmap(buffer_size=3).cycle(3)
+
+
+def map_shuffle_in_the_cycle() -> Any:
+    """``MapDataPipe.shuffle()`` (an iterable pipe with ``set_seed``) under the cycle."""
+    return SequenceWrapper(range(10)).shuffle().cycle(3)
 
 
 def multiplexer_in_the_cycle() -> Any:
@@ -260,12 +266,14 @@ def test_from_snapshot_in_a_fresh_subprocess(tmp_path: Any) -> None:
     (cached_shuffle_in_the_cycle, 12, 3),
     (cycle_over_zipped_fork_children, 8, 3),
     (hookless_reiterator_over_shuffle, 10, 2),
+    (map_shuffle_in_the_cycle, 10, 3),
 ], ids=lambda v: getattr(v, "__name__", str(v)))
 def test_reiterated_random_pipes_restore_exactly(factory: Any, pass_length: int, passes: int) -> None:
     (first, _), _ = _stream(factory)
     assert len(first) == pass_length * passes
     hookless = factory in (hookless_inside_the_cycle, hookless_outside_the_cycle, hookless_random_pipe_in_the_cycle,
-                           multiplexer_replayed_within_its_pass, hookless_reiterator_over_shuffle)
+                           multiplexer_replayed_within_its_pass, hookless_reiterator_over_shuffle,
+                           map_shuffle_in_the_cycle)
     strategies = ("auto", "fast_forward") if hookless else ("state", "auto", "fast_forward")
     assert_resumes_exactly(factory, seed=SEED, cuts=pass_cuts(pass_length, passes), strategies=strategies)
 

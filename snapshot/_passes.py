@@ -1,11 +1,13 @@
 """Passes: a subgraph iterated again within one epoch, and the seeds of its later passes.
 
 A pipe such as ``cycle`` starts its input over when it ends (through
-:meth:`~snapshot.hooks._base.ResumableIterator.restart_input`): every node behind that input
-starts a new *pass*. A random pipe there (``shuffle``, ``in_batch_shuffle``, ``bucketbatch``,
-any pipe with ``set_seed``) would draw the seed of that pass from torch's global generator,
-which no snapshot reproduces. Here each pass gets a seed derived from the pipe's epoch seed and
-the pass's *key* (:func:`snapshot.randomness.pass_seed`) instead.
+:meth:`~snapshot.hooks._base.ResumableIterator.restart_input`), and a pipe without a hook may
+call ``iter()`` on an input a second time (through the input's :class:`Slot`): every node
+behind that input starts a new *pass*, run by the engine. A random pipe there (``shuffle``,
+``in_batch_shuffle``, ``bucketbatch``, any pipe with ``set_seed``) would draw the seed of that
+pass from torch's global generator, which no snapshot reproduces. Here each pass gets a seed
+derived from the pipe's epoch seed and the pass's *key* (:func:`snapshot.randomness.pass_seed`)
+instead.
 
 The key of a pass is hierarchical: when the pipe at ``by`` starts its input over for the
 ``j``-th time in its own current pass (whose key is ``K``), every node behind that input gets

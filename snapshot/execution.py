@@ -22,12 +22,14 @@ generator states.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from torch.utils.data import MapDataPipe
 
 from snapshot import _progress
+from snapshot._passes import PASSES, Passes, Slot, arm, carry_over, check_restart
+from snapshot._replay_check import divergence
 from snapshot.errors import PositionError, RestoreError
 from snapshot.graph import ROOT, Graph
 from snapshot.hooks import StateHook, hook_for
@@ -119,13 +121,9 @@ def rewind(graph: Graph, records: Mapping[str, NodeRecord], paths: Iterable[str]
             hook.iterator.rewind(graph[path].datapipe, record[STATE])
 
 
-def _plain(value: Any) -> Any:
-    """Tuples as lists, recursively: a state as it reads after a trip through a snapshot."""
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
+#: Builds the cell of a sharding point that a logical shard reads again on its own (see
+#: :mod:`snapshot.reading_service._reread`): ``(port, pass key, saved state or None)``.
+Reread = Callable[[Any, tuple[int, ...], Any], Any]
 
 
 class Run(Iterator[Any]):
@@ -140,6 +138,8 @@ class Run(Iterator[Any]):
         records: saved node records to restore from (``None``: start of the epoch).
         plan: with ``records``, which nodes to replay instead of loading.
         buffer_state: how buffering pipes save their samples (``"values"`` or ``"positions"``).
+        reread: for a logical shard, builds the cell of a port read again within the epoch (a
+            ``cycle`` below the sharding point); without it, such a graph is refused.
     """
 
     def __init__(
@@ -153,6 +153,7 @@ class Run(Iterator[Any]):
         records: Mapping[str, NodeRecord] | None = None,
         plan: Plan | None = None,
         buffer_state: str = "values",
+        reread: Reread | None = None,
     ):
         self.graph = graph
         self.buffer_state = str(getattr(buffer_state, "value", buffer_state))
@@ -161,15 +162,15 @@ class Run(Iterator[Any]):
         for path, seed in self.seeds.items():
             graph[path].datapipe.set_seed(seed)
         self._ports = dict(ports or {})
+        self._reread = reread
         self._records = records
         self._replay = plan.replay if (plan is not None and records is not None) else frozenset()
         self._hooks: dict[str, StateHook | None] = {}
         self._fresh: set[str] = set()
+        self._passes = Passes(graph, self.seeds, records, self._replay)
         self._cells: dict[str, Any] = {}
         self._slots: list[Any] = []
-        self._sink = self._build(sink)
-        for extra in sinks:
-            self._build(extra)
+        self._sink = [self._build(path) for path in (sink, *sinks)][0]
         self.exhausted = False
         if records is not None and plan is not None:
             self._replay_drivers(plan, records)
@@ -187,18 +188,20 @@ class Run(Iterator[Any]):
         if cell is not None:
             return cell
         if path in self._ports:
-            cell = self._cells[path] = self._ports[path]
+            cell = self._cells[path] = self._port(path)
             return cell
         node = self.graph[path]
         datapipe = node.datapipe
         hook = self._hooks[path] = hook_for(datapipe)
         record = self._restored(path)
+        if self._records is not None and path not in self._fresh:
+            self._passes.restored(path)
         if path in self._replay and path not in self._fresh and self._records is not None:
-            rewind(self.graph, self._records, [path])
+            rewind(self.graph, {path: self._passes.rewind_record(path)}, [path])
         if hook is not None and hook.iterator is not None:
             inputs = [self._input(p) for p in node.inputs]
             cell = hook.iterator(datapipe, inputs)
-            cell._restart = lambda index, path=path: self._restart(path, index)
+            cell._restart = lambda index, path=path: self._again(path, self.graph[path].inputs[index])
             cell.path = path
             if self.buffer_state != "values":
                 cell.buffer_state = self.buffer_state
@@ -206,7 +209,7 @@ class Run(Iterator[Any]):
                 cell.load_state_dict({YIELDED: record[YIELDED], STATE: record[STATE]})
         else:
             for p in node.inputs:
-                self._install(p)
+                self._install(p, path)
             # A pipe that had not started this epoch starts afresh (its state may be the last
             # epoch's); one that had is put back and continued without torch's reset().
             restored = (hook is not None and record is not None and record.get(STATE) is not None
@@ -221,25 +224,39 @@ class Run(Iterator[Any]):
         self._cells[path] = cell
         return cell
 
-    def _restart(self, consumer: str, index: int) -> Any:
-        """Fresh cells for the whole subgraph behind input ``index`` of ``consumer``."""
-        path = self.graph[consumer].inputs[index]
+    def _port(self, path: str) -> Any:
+        """The cell of port ``path``: the shared port in its first pass, else its own reading."""
+        restoring = self._records is not None and path not in self._fresh
+        state = self._passes.restored_port(path, self.graph[path].consumers) if restoring else None
+        key = self._passes.key(path)
+        if not key or self._reread is None:
+            return self._ports[path]
+        cell = self._reread(self._ports[path], key, state)
+        cell.path = path
+        return cell
+
+    def _again(self, consumer: str, path: str, *, shared: bool = True) -> Any:
+        """Fresh cells (a new pass) for ``path`` and its subgraph, started again by ``consumer``."""
         subgraph = self.graph.ancestors(path)
-        for p in subgraph:
-            self._cells.pop(p, None)
+        check_restart(self.graph, consumer, subgraph, () if self._reread is not None else self._ports, shared=shared)
+        previous = {p: self._cells.pop(p, None) for p in subgraph}
+        self._passes.restart(consumer, path, subgraph)
         self._fresh.update(subgraph)
-        return self._input(path)
+        cell = self._input(path)
+        carry_over(previous, self._cells)
+        return cell
 
     def _input(self, path: str) -> Any:
         datapipe = self.graph[path].datapipe
         return datapipe if isinstance(datapipe, MapDataPipe) else self._build(path)
 
-    def _install(self, path: str) -> None:
+    def _install(self, path: str, consumer: str) -> None:
+        """Put ``path``'s cell in its slot for ``consumer`` (a pipe that iterates it itself); once
+        taken, the slot is filled again, so a later ``iter()`` starts a new pass of it here."""
         datapipe = self.graph[path].datapipe
         if isinstance(datapipe, MapDataPipe):
             return
-        cell = self._build(path)
-        datapipe._fast_forward_iterator = cell
+        arm(datapipe, self._build(path), lambda: self._again(consumer, path, shared=False))
         self._slots.append(datapipe)
 
     # -- restoring ------------------------------------------------------------------------
@@ -259,25 +276,13 @@ class Run(Iterator[Any]):
         name them) hold the same generator states and flags."""
         diverged = []
         for path in sorted(plan.replay):
-            record = records.get(path, {})
-            saved = record.get(YIELDED)
-            cell = self._cells.get(path)
-            if saved is None or cell is None:
+            record, cell = records.get(path, {}), self._cells.get(path)
+            if record.get(YIELDED) is None or cell is None:
                 continue
-            where = f"  {path} ({self.graph[path].signature}): "
-            if cell.yielded != saved:
-                diverged.append(f"{where}saved {saved}, replayed {cell.yielded}")
-            elif bool(getattr(cell, "exhausted", False)) != bool(record.get(EXHAUSTED)):
-                ended = bool(record.get(EXHAUSTED))
-                diverged.append(f"{where}after {saved} samples it had {'' if ended else 'not '}reached the end "
-                                f"of its epoch in the snapshot, and had {'not ' if ended else ''}in the replay")
-            elif isinstance(cell, ResumableIterator) and cell.replay_checked and record.get(STATE) is not None:
-                state = cell.get_state()
-                keys = [k for k in cell.replay_checked
-                        if k in record[STATE] and _plain(state.get(k)) != _plain(record[STATE][k])]
-                if keys:
-                    diverged.append(f"{where}after {saved} samples its {', '.join(keys)} differ from "
-                                    "the snapshot's")
+            difference = self._passes.diverged(path) or divergence(
+                cell, record[YIELDED], bool(record.get(EXHAUSTED)), record.get(STATE))
+            if difference is not None:
+                diverged.append(f"  {path} ({self.graph[path].signature}): {difference}")
         if diverged:
             raise RestoreError(
                 "replaying the graph did not reproduce the saved position:\n" + "\n".join(diverged)
@@ -357,16 +362,17 @@ class Run(Iterator[Any]):
             note = cell.buffer_note() if isinstance(cell, ResumableIterator) else None
             if note is not None:
                 records[path][BUFFER_STATE] = note
+            passes = self._passes.record(path)
+            if passes is not None:
+                records[path][PASSES] = passes
         return records
 
     def close(self) -> None:
-        """Release what the cells hold (thread pools) and clear the slots this run installed that
-        nobody consumed."""
+        """Release what the cells hold (thread pools) and clear the slots this run installed."""
         for cell in self._cells.values():
             if isinstance(cell, ResumableIterator):
                 cell.close()
-        ours = {id(cell) for cell in self._cells.values()}
         for datapipe in self._slots:
-            if id(getattr(datapipe, "_fast_forward_iterator", None)) in ours:
+            if isinstance(getattr(datapipe, "_fast_forward_iterator", None), Slot):
                 datapipe._fast_forward_iterator = None
         self._slots.clear()

@@ -18,7 +18,7 @@ seed sequence stands and the next epoch after a restore gets the seeds it would 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +27,7 @@ import torch
 from snapshot.graph import Graph
 from snapshot.sharding import is_dispatcher
 
-__all__ = ["EpochSeeds", "PhiloxEngine", "SeedGenerator", "draw_seed", "epoch_seeds", "is_random"]
+__all__ = ["EpochSeeds", "PhiloxEngine", "SeedGenerator", "draw_seed", "epoch_seeds", "is_random", "pass_seed"]
 
 _M32 = 0xFFFFFFFF
 _M64 = 0xFFFFFFFFFFFFFFFF
@@ -268,3 +268,24 @@ def epoch_seeds(generator: SeedGenerator, graph: Graph, logical_shards: int = 1)
             stream = base.spawn(shard)
             seeds.shards.append({p: stream.generate_seed() for p in random_below})
     return seeds
+
+
+
+_PASS_SALT = 0x9A55_5EED_0F_9A55
+
+
+def pass_seed(epoch_seed: int, key: Sequence[int]) -> int:
+    """The seed of a random pipe's pass ``key`` within an epoch.
+
+    A pipe iterated again within an epoch (by a ``cycle`` above it) starts a new pass each
+    time; ``key`` names the pass: empty for the first, else the cycle counts of the pipes
+    that started it again, outermost first. The first pass uses the epoch seed itself, every
+    later one a seed derived from the epoch seed and the key alone, so it never depends on
+    torch's global generator, on the worker that runs it, or on whether a snapshot was taken.
+    """
+    if not key:
+        return epoch_seed
+    engine = PhiloxEngine((epoch_seed & _M64) ^ _PASS_SALT)
+    for index in key:
+        engine = engine.spawn(int(index))
+    return engine.generate()

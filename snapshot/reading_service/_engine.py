@@ -13,6 +13,7 @@ the service's checkpoint, and :mod:`._recombine` carries saved states onto anoth
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ from snapshot.execution import Run, capture_persistent, restore_persistent, rewi
 from snapshot.graph import Graph
 from snapshot.plan import RestoreStrategy, make_plan
 from snapshot.randomness import EpochSeeds
+from snapshot.reading_service._reread import reread
 from snapshot.reading_service._rng import GlobalRNG, _ShardRNG, raw_from_plain, seeded_rng
 from snapshot.reading_service._routing import RemoteFetch, RemoteRouter, Router, RouterPort, _outer
 from snapshot.sharding import Topology, WorkerInfo
@@ -176,8 +178,9 @@ class ShardEngine:
                 for path, port in ports.items():
                     port.yielded = int(records.get(path, {}).get("yielded") or 0)
         own = {p: s for p, s in seeds.for_shard(shard).items() if p in self._downstream}
+        again = functools.partial(reread, seeds=seeds.shared, buffer_state=self.buffer_state)
         return Run(graph, own, sink=self.topology.shard_sink, ports=ports, records=records, plan=plan,
-                   buffer_state=self.buffer_state)
+                   buffer_state=self.buffer_state, reread=again)
 
     # -- iterating ------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from snapshot.errors import LayoutError
+from snapshot.reading_service._reread import check_one_pass
 from snapshot.reading_service._routing import Deal
 from snapshot.schema import shard_finished
 from snapshot.sharding import Topology
@@ -57,6 +58,7 @@ def split(state: Mapping[str, Any], units: int, topology: Topology, *, finished:
         raise LayoutError(f"the snapshot's {saved} units cannot be split into {units}")
     if units != saved and not finished:
         _check_splittable(topology, saved, units)
+        check_one_pass(state["shards"], topology.routers)
     copies = state.get("upstream") or []
     starts = _starts(copies)
     moved: dict[str, dict[int, int]] = {}

@@ -5,6 +5,11 @@ from __future__ import annotations
 import random
 from typing import Any
 
+#: Key of a random hook's state: the values of its other keys as they were when its current
+#: pass began, for a pipe that keeps its generator when a ``cycle`` starts it again; a replay
+#: from the start of that pass rewinds to them (see :mod:`snapshot._passes`).
+AT_PASS_START = "at_pass_start"
+
 
 def rng_state(rng: random.Random) -> list[Any]:
     """``rng``'s state as ``[version, [625 ints], gauss_next]``."""

@@ -10,6 +10,10 @@ epoch's draws. That generator is therefore part of the position, kept by value:
   that has finished its epoch, starts the next epoch from the right draws.
 
 So a restore continues the saved run's stream exactly, whether the pipe was seeded or not.
+Started again within an epoch (under a ``cycle``), the pipe goes on drawing from the same
+generator, as torchdata's does; a replay from the start of the epoch rewinds to the epoch's
+first state. A replay of the pipe alone from the start of a later pass rewinds to that pass's first
+state, which the state keeps too (``at_pass_start``).
 A run of an unseeded pipe is not reproducible from the loader's seed, as in torchdata 0.9:
 pass ``seed=`` for that.
 """
@@ -19,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from snapshot.hooks._base import ResumableIterator
-from snapshot.hooks.builtin._rng import rng_state, set_rng_state
+from snapshot.hooks.builtin._rng import AT_PASS_START, rng_state, set_rng_state
 
 RNG = "rng"
 START = "rng_at_epoch_start"
@@ -39,6 +43,12 @@ class SampleMultiplexerIterator(ResumableIterator):
         self._active = [by_pipe[id(pipe)] for pipe, _ in datapipe.pipes_and_weights]
         self._weights = [float(weight) for _, weight in datapipe.pipes_and_weights]
         self._start = rng_state(datapipe.random)
+        self._pass_start = self._start
+
+    def follow(self, previous: SampleMultiplexerIterator) -> None:
+        """Started again within the epoch (by a ``cycle``): the generator continues, and the
+        state at the start of the epoch is still the one a replay rewinds to."""
+        self._start = previous._start
 
     def next(self) -> Any:
         rng = self.datapipe.random
@@ -58,12 +68,16 @@ class SampleMultiplexerIterator(ResumableIterator):
         return next(self.inputs[self._active[0]])
 
     def get_state(self) -> dict[str, Any]:
-        return {RNG: rng_state(self.datapipe.random), START: self._start,
-                ACTIVE: list(self._active), WEIGHTS: list(self._weights)}
+        state: dict[str, Any] = {RNG: rng_state(self.datapipe.random), START: self._start,
+                                 ACTIVE: list(self._active), WEIGHTS: list(self._weights)}
+        if self._pass_start is not self._start:
+            state[AT_PASS_START] = {START: self._pass_start}
+        return state
 
     def set_state(self, state: dict[str, Any]) -> None:
         set_rng_state(self.datapipe.random, state[RNG])
         self._start = state[START]
+        self._pass_start = state.get(AT_PASS_START, {}).get(START, self._start)
         self._active = [int(i) for i in state[ACTIVE]]
         self._weights = [float(w) for w in state[WEIGHTS]]
 

@@ -4,14 +4,14 @@
 ``SHARES``), each in several files so that a pipeline shuffles and shards files:
 
 - ``tar/part-NNNN.tar``: WebDataset-style shards of 250 samples, each sample three members
-  ``KEY.jpg`` (16 KiB of random, incompressible bytes, as encoded images are), ``KEY.json``
+  ``KEY.jpg`` (4 KiB of random, incompressible bytes, as encoded images are), ``KEY.json``
   (metadata) and ``KEY.cls`` (a label);
 - ``jsonl/part-NNNN.jsonl.gz``: gzip JSON lines of about 300 bytes each (an id, a label and
   text made of words, so it compresses as text does);
 - ``csv/part-NNNN.csv``: a header row, then rows of the same fields;
-- ``zip/part-NNNN.zip``: 250 members of 8 KiB random bytes each, stored (not deflated);
+- ``zip/part-NNNN.zip``: 250 members of 2 KiB random bytes each, stored (not deflated);
 - ``tfrecord/part-NNNN.tfrecord``: framed records (length, masked CRC-32C, data, masked
-  CRC-32C) each holding a ``tf.train.Example`` with an 8 KiB bytes feature and an int label,
+  CRC-32C) each holding a ``tf.train.Example`` with a 2 KiB bytes feature and an int label,
   encoded here by hand (no TensorFlow or protobuf needed to write them).
 
 Every sample's content is a function of its index (``random.Random(index)``), so two
@@ -35,8 +35,8 @@ __all__ = ["SHARES", "Corpus", "make", "parse_size"]
 
 #: Share of the corpus's bytes each format gets.
 SHARES = {"tar": 0.40, "jsonl": 0.15, "csv": 0.15, "zip": 0.20, "tfrecord": 0.10}
-IMAGE_BYTES = 16 * 1024
-BLOB_BYTES = 8 * 1024
+IMAGE_BYTES = 4 * 1024
+BLOB_BYTES = 2 * 1024
 PER_FILE = 250          # samples per tar shard, zip archive or TFRecord file
 LINES_PER_FILE = 4_000  # lines per JSON-lines or CSV file
 _WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "data", "pipe", "snapshot", "resume",
@@ -167,7 +167,7 @@ def _tfrecord(path: str, first: int, count: int) -> None:
             f.write(length + struct.pack("<I", _masked(_crc32c(length))) + data + struct.pack("<I", 0))
 
 
-_WRITERS = {"tar": (_tar, "tar", IMAGE_BYTES + 3 * 512 + 100, PER_FILE),
+_WRITERS = {"tar": (_tar, "tar", IMAGE_BYTES + 5 * 512, PER_FILE),
             "jsonl": (_jsonl, "jsonl.gz", 300, LINES_PER_FILE),
             "csv": (_csv, "csv", 290, LINES_PER_FILE),
             "zip": (_zip, "zip", BLOB_BYTES + 100, PER_FILE),

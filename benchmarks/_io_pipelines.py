@@ -10,11 +10,14 @@ samples, to check that a restored stream continues with the same batch.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torchdata.datapipes.iter import FileLister, IterDataPipe
+
+warnings.filterwarnings("ignore", category=UserWarning, module="torchdata")  # 0.9's deprecation banner
+from torchdata.datapipes.iter import FileLister, IterDataPipe  # noqa: E402
 
 __all__ = ["BATCH", "BUFFER", "PIPELINES", "Pipeline", "ids"]
 
@@ -109,17 +112,17 @@ def ids(batch: list[dict[str, Any]]) -> list[Any]:
     out = []
     for sample in batch:
         blob = sample.get("image", sample.get("blob"))
-        digest = hashlib.sha1(blob.numpy().tobytes()).hexdigest()[:12] if blob is not None else None
+        if isinstance(blob, torch.Tensor):
+            blob = blob.numpy().tobytes()
+        digest = hashlib.sha1(blob).hexdigest()[:12] if blob is not None else None
         out.append((sample["id"], digest))
     return out
 
 
 def _has_protobuf() -> str | None:
-    try:
-        import google.protobuf  # noqa: F401
-    except ImportError:
-        return "torchdata's TFRecordLoader needs protobuf, which is not installed in this environment"
-    return None
+    from torchdata.datapipes.iter.util.tfrecordloader import HAS_PROTOBUF
+
+    return None if HAS_PROTOBUF else "torchdata's TFRecordLoader needs protobuf, not installed in this environment"
 
 
 class Pipeline:

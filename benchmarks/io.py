@@ -209,6 +209,7 @@ def run(repeat: int = 3, json_path: str | None = None, size: str = "20MB", pipel
     warnings.filterwarnings("ignore")
     chosen = [PIPELINES[name] for name in pipelines.split(",") if name]
     results: list[dict[str, Any]] = []
+    failures: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="snapshot-io-") as tmp:
         root = os.path.join(tmp, "corpus")
         start = time.perf_counter()
@@ -226,7 +227,13 @@ def run(repeat: int = 3, json_path: str | None = None, size: str = "20MB", pipel
             for workers in (int(m) for m in modes.split(",")):
                 for at in positions:
                     k = max(1, min(batches - 2, round(at * batches)))
-                    row = measure(pipe, corpus.dir(pipe.format), workers, k, tmp, repeat)
+                    try:
+                        row = measure(pipe, corpus.dir(pipe.format), workers, k, tmp, repeat)
+                    except Exception as error:  # noqa: BLE001 (reported; the other pipelines still run)
+                        print(f"{pipe.name}, {workers} workers, at {at:.0%}: failed: {type(error).__name__}: "
+                              f"{str(error).splitlines()[0] if str(error) else ''}", flush=True)
+                        failures.append({"pipeline": pipe.name, "workers": workers, "at": at, "error": repr(error)})
+                        continue
                     results.append({"pipeline": pipe.name, "workers": workers, "at": at, "batches": batches, **row})
                     print(table(HEADERS, _rows(results[-1:])).splitlines()[-1], flush=True)
         print(f"\nrestore to the first batch, corpus {size}, batch {BATCH}, shuffle buffer 500; "
@@ -241,6 +248,7 @@ def run(repeat: int = 3, json_path: str | None = None, size: str = "20MB", pipel
         peers = run_peers(pythons, corpus.dir("jsonl"), positions, ours_jsonl, tmp, repeat) \
             if "jsonl" in corpus.samples else []
     payload = {"benchmark": "io", "size": size, "corpus_bytes": corpus.nbytes, "samples": corpus.samples,
-               "results": [{k: v for k, v in r.items() if k != "expected"} for r in results], "peers": peers}
+               "results": [{k: v for k, v in r.items() if k != "expected"} for r in results], "peers": peers,
+               "failures": failures}
     save_json(json_path, payload)
     return payload

@@ -360,7 +360,11 @@ class Run(Iterator[Any]):
         return records
 
     def close(self) -> None:
-        """Clear the slots this run installed that nobody consumed."""
+        """Release what the cells hold (thread pools) and clear the slots this run installed that
+        nobody consumed."""
+        for cell in self._cells.values():
+            if isinstance(cell, ResumableIterator):
+                cell.close()
         ours = {id(cell) for cell in self._cells.values()}
         for datapipe in self._slots:
             if id(getattr(datapipe, "_fast_forward_iterator", None)) in ours:

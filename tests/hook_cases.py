@@ -13,6 +13,7 @@ registered hook has no case here; ``tests/test_coverage.py`` picks its graphs fr
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -191,6 +192,60 @@ def read_lines(root: str):
     return td.LineReader(td.FileOpener(td.FileLister(root, "*.txt"), mode="b"), decode=True)
 
 
+def corpus(root: str) -> str:
+    return os.path.join(root, "corpus")  # written when the graph first lists it (tests/file_corpus.py)
+
+
+def tar_webdataset(root: str):
+    from tests import file_corpus
+
+    return file_corpus.webdataset(corpus(root), shuffle=3)
+
+
+def zip_members(root: str):
+    from tests import file_corpus
+
+    return file_corpus.zip_members(corpus(root))
+
+
+def gzip_lines(root: str):
+    from tests import file_corpus
+
+    return file_corpus.gzip_lines(corpus(root))
+
+
+def csv_rows(root: str, as_dict: bool):
+    from tests import file_corpus
+
+    return file_corpus.csv_rows(corpus(root), as_dict)
+
+
+def json_files(root: str):
+    return td.JsonParser(FileOpener(FileLister(root, "*.json"), mode="t"))
+
+
+def tfrecords(root: str):
+    from tests import file_corpus
+
+    return file_corpus.tfrecords(corpus(root))
+
+
+def shard_names(root: str):
+    return td.ShardExpander(IterableWrapper([os.path.join(root, "r{00..03}.txt"), os.path.join(root, "d{7..8}.json")]))
+
+
+def fsspec_chunks(root: str):
+    return StreamReader(td.FSSpecFileOpener(td.FSSpecFileLister(root, "*.txt"), mode="rb"), chunk=4)
+
+
+def slow_square(x):
+    return x * x
+
+
+async def async_square(x):
+    return x * x
+
+
 TORCHDATA: dict[str, Callable[..., Any]] = {} if td is None else {
     "header": lambda: td.Header(Shuffler(IterableWrapper(range(30)), buffer_size=5), limit=11),
     "header_longer_than_source": lambda: td.Header(IterableWrapper(range(4)), limit=10),
@@ -213,6 +268,18 @@ TORCHDATA: dict[str, Callable[..., Any]] = {} if td is None else {
     "sample_multiplexer": sample_multiplexer,
     "in_memory_cache": cached,
     "read_lines": functools.partial(read_lines, DATA),
+    "tar_webdataset": functools.partial(tar_webdataset, DATA),
+    "zip_members": functools.partial(zip_members, DATA),
+    "gzip_lines": functools.partial(gzip_lines, DATA),
+    "csv_rows": functools.partial(csv_rows, DATA, False),
+    "csv_dicts": functools.partial(csv_rows, DATA, True),
+    "json_files": functools.partial(json_files, DATA),
+    "shard_expand": functools.partial(shard_names, DATA),
+    "fsspec_chunks": functools.partial(fsspec_chunks, DATA),
+    "threadpool_map": lambda: td.ThreadPoolMapper(Shuffler(IterableWrapper(range(30)), buffer_size=4), slow_square,
+                                                  scheduled_tasks=5, max_workers=2),
+    "async_map_batches": lambda: td.BatchAsyncMapper(IterableWrapper(range(17)), async_square, batch_size=4),
+    "tfrecords": functools.partial(tfrecords, DATA),
 }
 
 #: Every case, as ``"torch:name"`` or ``"torchdata:name"``.

@@ -78,6 +78,11 @@ class ResumableIterator(Iterator[Any], ABC):
     #: ``True`` for pipes that turn each input sample into one output sample, with no state
     #: (``map``): a buffer below them can be saved by position (see :mod:`._positions`).
     elementwise: ClassVar[bool] = False
+    #: For pipes that yield ``(path, stream)`` pairs: ``"opens"`` (it opens them and marks each
+    #: with its address), ``"unpacks"`` (it derives them from its input's streams: addressed when
+    #: those are) or ``"passes"`` (it hands its input's samples on unchanged). See
+    #: :func:`snapshot.hooks.builtin.files.reopenable`.
+    streams: ClassVar[str | None] = None
     #: How this pipe saves buffered samples (set by the engine from the loader's option).
     buffer_state: str = "values"
 
@@ -133,6 +138,9 @@ class ResumableIterator(Iterator[Any], ABC):
         inputs[index] = restart(index)
         self.inputs = inputs
         return inputs[index]
+
+    def close(self) -> None:
+        """Release what the iterator holds beyond its samples (threads), when its run closes."""
 
     @classmethod
     def persistent_state(cls, datapipe: Any) -> Any:

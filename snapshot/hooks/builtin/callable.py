@@ -27,6 +27,8 @@ class MapperIterator(Stateless):
 class FilterIterator(Stateless):
     """``Filter``: input samples for which ``filter_fn`` holds; dropped streams are closed."""
 
+    streams = "passes"
+
     def __init__(self, datapipe: Any, inputs: Any):
         super().__init__(datapipe, inputs)
         self._src = inputs[0]

@@ -1,8 +1,8 @@
 """``FileLister``, ``FileOpener`` and ``StreamReader`` on real files.
 
-``StreamReader`` saves the path and byte offset of the stream it is reading; restoring it
-reopens the file with the mode of the ``FileOpener`` that feeds it, so it can be restored
-from state only when a ``FileOpener`` is its direct input (otherwise it is replayed).
+``FileOpener`` marks each stream with its address (path, mode, size and modification time);
+``StreamReader`` saves the address and byte offset of the stream it is reading, and a restore
+reopens it there (see :mod:`._reader`).
 """
 
 from __future__ import annotations
@@ -10,14 +10,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from torch.utils.data.datapipes.iter.fileopener import FileOpenerIterDataPipe
 from torch.utils.data.datapipes.utils.common import StreamWrapper, get_file_pathnames_from_root
 
-from snapshot.hooks._base import Expanding, ResumableIterator, Stateless
+from snapshot.hooks._base import Expanding, Stateless
+from snapshot.hooks.builtin._reader import OffsetReading, reopenable
 from snapshot.hooks.builtin._skip import advance
+from snapshot.hooks.builtin._streams import file_address, mark
 
-PATH = "path"
-OFFSET = "offset"
+__all__ = ["FileListerIterator", "FileOpenerIterator", "StreamReaderIterator", "open_stream", "reopenable"]
+
 CONSUMED = "consumed"
 
 
@@ -33,26 +34,20 @@ class FileListerIterator(Expanding):
                 root, dp.masks, dp.recursive, dp.abspath, dp.non_deterministic))
         return self._pending.popleft()
 
-def reopenable(node: Any, graph: Any) -> str | None:
-    """``None`` when ``node`` reads from a ``FileOpener`` directly (its streams can be reopened
-    at an offset), else why it cannot be restored from its state."""
-    inputs = [graph[p].datapipe for p in node.inputs]
-    if len(inputs) == 1 and type(inputs[0]) is FileOpenerIterDataPipe:
-        return None
-    return "it reads streams that only a FileOpener directly before it can reopen"
-
-
 def open_stream(pathname: Any, mode: str, encoding: str | None) -> Any:
-    """Open ``pathname`` as ``FileOpener`` does (``"b"`` means ``"rb"``)."""
+    """Open ``pathname`` as ``FileOpener`` does (``"b"`` means ``"rb"``), marked with its address."""
     if mode in ("b", "t"):
         mode = "r" + mode
     if not isinstance(pathname, str):
         raise TypeError(f"Expected string type for pathname, but got {type(pathname)}")
-    return StreamWrapper(open(pathname, mode, encoding=encoding))
+    stream = StreamWrapper(open(pathname, mode, encoding=encoding))  # noqa: SIM115 (its reader closes it)
+    return mark(stream, file_address(pathname, mode, encoding, stream))
 
 
 class FileOpenerIterator(Stateless):
     """``(path, stream)`` for each path; a plain iterable input is restored by position."""
+
+    streams = "opens"
 
     def __init__(self, datapipe: Any, inputs: Any):
         super().__init__(datapipe, inputs)
@@ -76,47 +71,14 @@ class FileOpenerIterator(Stateless):
         self._consumed = int(state.get(CONSUMED, 0))
 
 
-class StreamReaderIterator(ResumableIterator):
-    """``(path, chunk)`` pieces of each stream; state: the open stream's path and offset."""
+class StreamReaderIterator(OffsetReading):
+    """``(path, chunk)`` pieces of each stream; state: the open stream's address and offset."""
 
-    always_restorable = False
-
-    def __init__(self, datapipe: Any, inputs: Any):
-        super().__init__(datapipe, inputs)
-        self._src = inputs[0]
-        self._path: str | None = None
-        self._stream: Any = None  # the StreamWrapper being read
-        self._reopen_at: int | None = None
-
-    @classmethod
-    def can_restore(cls, node: Any, graph: Any) -> str | None:
-        return reopenable(node, graph)
-
-    def _reopen(self) -> None:
-        opener = self.inputs[0].datapipe
-        self._stream = open_stream(self._path, opener.mode, opener.encoding)
-        self._stream.seek(self._reopen_at)
-        self._reopen_at = None
-
-    def next(self) -> Any:
+    def read(self, path: str, stream: Any) -> Iterator[Any]:
+        chunk = self.datapipe.chunk
         while True:
-            if self._stream is None:
-                if self._reopen_at is not None:
-                    self._reopen()
-                else:
-                    self._path, self._stream = next(self._src)
-            stream: Any = self._stream
-            data = stream.read(self.datapipe.chunk)
-            if data:
-                return self._path, data
-            stream.close()
-            self._stream = None
-
-    def get_state(self) -> dict[str, Any]:
-        if self._stream is None:
-            return {PATH: None, OFFSET: None}
-        return {PATH: self._path, OFFSET: self._stream.tell()}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self._path = state[PATH]
-        self._reopen_at = state[OFFSET]
+            data = stream.read(chunk)
+            if not data:
+                stream.close()
+                return
+            yield path, data

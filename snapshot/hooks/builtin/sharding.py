@@ -10,6 +10,8 @@ INDEX = "index"
 
 
 class ShardingFilterIterator(ResumableIterator):
+    streams = "passes"
+
     def __init__(self, datapipe: Any, inputs: Any):
         super().__init__(datapipe, inputs)
         self._src = inputs[0]

@@ -5,8 +5,11 @@ of pipe; ``SampleMultiplexer``'s in :mod:`snapshot.hooks.builtin.sampling`.
 Covered: ``header``, ``cycle``, ``repeat``, ``enumerate``, ``add_index``,
 ``in_memory_cache``, ``to_iter_datapipe``, ``flatmap``, ``map_batches``, ``readlines``,
 ``in_batch_shuffle``, ``prefetch`` (run synchronously: same samples, no thread),
-``mux_longest``, ``zip_longest``, ``unzip`` and ``SampleMultiplexer``.
-Other torchdata pipes are replayed; ``random_split(seed=None)`` is refused.
+``mux_longest``, ``zip_longest``, ``unzip`` and ``SampleMultiplexer``; the file pipes
+(``load_from_tar``, ``load_from_zip``, ``decompress``, ``webdataset``, ``parse_csv``,
+``parse_csv_as_dict``, ``parse_json_files``, ``load_from_tfrecord``, ``shard_expand``, the fsspec
+lister and opener), restored by address and offset; ``threadpool_map`` and ``async_map_batches``.
+Other torchdata pipes are replayed (the coverage table says why); ``random_split(seed=None)`` is refused.
 """
 
 
@@ -17,30 +20,55 @@ from typing import Any
 
 from torchdata.datapipes.iter import (
     BatchMapper,
+    CSVDictParser,
+    CSVParser,
     Cycler,
+    Decompressor,
     Enumerator,
     FlatMapper,
+    FSSpecFileLister,
+    FSSpecFileOpener,
     Header,
     InBatchShuffler,
     IndexAdder,
     InMemoryCacheHolder,
+    JsonParser,
+    LengthSetter,
     LineReader,
     MultiplexerLongest,
     Prefetcher,
     Repeater,
     SampleMultiplexer,
+    ShardExpander,
+    TarArchiveLoader,
+    TFRecordLoader,
+    ThreadPoolMapper,
+    WebDataset,
+    ZipArchiveLoader,
     ZipperLongest,
 )
+from torchdata.datapipes.iter.transform.callable import _BatchAsyncMapperIterDataPipe
 from torchdata.datapipes.iter.util.combining import _UnZipperIterDataPipe
 from torchdata.datapipes.iter.util.randomsplitter import _RandomSplitterIterDataPipe
 from torchdata.datapipes.map.util.converter import MapToIterConverterIterDataPipe
 
 from snapshot.hooks._base import ResumableIterator
 from snapshot.hooks.builtin.sampling import SampleMultiplexerIterator
+from snapshot.hooks.builtin.torchdata_pipes.archives import (
+    DecompressorIterator,
+    TarArchiveLoaderIterator,
+    WebDatasetIterator,
+    ZipArchiveLoaderIterator,
+)
 from snapshot.hooks.builtin.torchdata_pipes.combining import (
     MultiplexerLongestIterator,
     UnZipperContainer,
     ZipperLongestIterator,
+)
+from snapshot.hooks.builtin.torchdata_pipes.concurrent import (
+    AsyncBatchIterator,
+    LengthSetterIterator,
+    ThreadPoolMapperIterator,
 )
 from snapshot.hooks.builtin.torchdata_pipes.counting import (
     CyclerIterator,
@@ -50,7 +78,18 @@ from snapshot.hooks.builtin.torchdata_pipes.counting import (
     MapToIterIterator,
     RepeaterIterator,
 )
-from snapshot.hooks.builtin.torchdata_pipes.reading import InMemoryCacheIterator, LineReaderIterator
+from snapshot.hooks.builtin.torchdata_pipes.openers import (
+    FSSpecFileListerIterator,
+    FSSpecFileOpenerIterator,
+    ShardExpanderIterator,
+)
+from snapshot.hooks.builtin.torchdata_pipes.parsers import (
+    CSVParserIterator,
+    JsonParserIterator,
+    LineReaderIterator,
+    TFRecordLoaderIterator,
+)
+from snapshot.hooks.builtin.torchdata_pipes.reading import InMemoryCacheIterator
 from snapshot.hooks.builtin.torchdata_pipes.reshaping import (
     BatchMapperIterator,
     FlatMapperIterator,
@@ -78,6 +117,22 @@ TORCHDATA_HOOKS: dict[type, type[ResumableIterator]] = {
     InMemoryCacheHolder: InMemoryCacheIterator,
     SampleMultiplexer: SampleMultiplexerIterator,
     _UnZipperIterDataPipe: UnZipperContainer,
+    # files, archives, parsers and openers: restored by address and offset
+    TarArchiveLoader: TarArchiveLoaderIterator,
+    ZipArchiveLoader: ZipArchiveLoaderIterator,
+    Decompressor: DecompressorIterator,
+    WebDataset: WebDatasetIterator,
+    CSVParser: CSVParserIterator,
+    CSVDictParser: CSVParserIterator,
+    JsonParser: JsonParserIterator,
+    TFRecordLoader: TFRecordLoaderIterator,
+    ShardExpander: ShardExpanderIterator,
+    FSSpecFileLister: FSSpecFileListerIterator,
+    FSSpecFileOpener: FSSpecFileOpenerIterator,
+    # thread pools and async mappers
+    ThreadPoolMapper: ThreadPoolMapperIterator,
+    _BatchAsyncMapperIterDataPipe: AsyncBatchIterator,
+    LengthSetter: LengthSetterIterator,
 }
 
 def _unseeded_split(datapipe: Any) -> str | None:

@@ -1,76 +1,16 @@
-"""Hooks for torchdata 0.9's pipes that read or hold data: ``readlines`` and ``in_memory_cache``."""
+"""The hook for torchdata 0.9's ``in_memory_cache`` (the readers are in :mod:`.parsers`)."""
 
 
 from __future__ import annotations
 
 import sys
 from collections import deque
-from collections.abc import Iterator
 from typing import Any
 
 from snapshot.hooks._base import ResumableIterator
-from snapshot.hooks.builtin._skip import advance
-from snapshot.hooks.builtin.files import open_stream, reopenable
 from snapshot.hooks.builtin.torchdata_pipes.counting import DONE
 
-__all__ = ["InMemoryCacheIterator", "LineReaderIterator"]
-
-
-class LineReaderIterator(ResumableIterator):
-    """``readlines``: the lines of each stream; state: the path and lines already read.
-
-    Restoring reopens the file through the ``FileOpener`` that feeds it and skips the lines
-    already read, so it is restored from state only when a ``FileOpener`` is its input.
-    """
-
-    always_restorable = False
-
-    def __init__(self, datapipe: Any, inputs: Any):
-        super().__init__(datapipe, inputs)
-        self._path: str | None = None
-        self._lines: Iterator[Any] | None = None
-        self._read = 0
-        self._reopen = False
-
-    @classmethod
-    def can_restore(cls, node: Any, graph: Any) -> str | None:
-        return reopenable(node, graph)
-
-    def _lines_of(self, path: str, stream: Any) -> Iterator[Any]:
-        helper = self.datapipe._helper
-        lines = helper.skip_lines(stream)
-        lines = helper.strip_newline(lines)
-        lines = helper.decode(lines)
-        return iter(helper.return_path(lines, path=path))
-
-    def next(self) -> Any:
-        while True:
-            if self._lines is None:
-                if self._reopen and self._path is not None:
-                    opener = self.inputs[0].datapipe
-                    stream = open_stream(self._path, opener.mode, opener.encoding)
-                    lines = self._lines_of(self._path, stream)
-                    self._lines = advance(lines, self._read, what=f"lines of {self._path}")
-                    self._reopen = False
-                else:
-                    path, stream = next(self.inputs[0])
-                    self._path, self._lines, self._read = path, self._lines_of(path, stream), 0
-            try:
-                line = next(self._lines)
-            except StopIteration:
-                self._lines = None
-                continue
-            self._read += 1
-            return line
-
-    def get_state(self) -> dict[str, Any]:
-        if self._lines is None and not self._reopen:
-            return {"path": None, "read": 0}
-        return {"path": self._path, "read": self._read}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self._path, self._read = state["path"], int(state["read"])
-        self._reopen = self._path is not None
+__all__ = ["InMemoryCacheIterator"]
 
 
 class InMemoryCacheIterator(ResumableIterator):

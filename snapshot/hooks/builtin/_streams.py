@@ -1,0 +1,216 @@
+"""Streams with an address: where a stream came from, as plain data, so it can be reopened.
+
+A file reader's state is where it stands, never what it has read: the stream it is reading is
+saved as its *address* (a dict of plain values) plus an offset, and a restore reopens the
+address and seeks. The pipes that open or unpack streams (``FileOpener``, the fsspec opener,
+``load_from_tar``, ``load_from_zip``, ``decompress``) mark each stream they yield with its
+address; a hook that must save a stream (a reader in the middle of a file, ``webdataset``'s
+pending group) saves the address instead.
+
+Kinds of address (the ``kind`` key):
+
+- ``file``: a local file (``path``, ``mode``, ``encoding``), with its ``size`` and ``mtime_ns``
+  when it was opened;
+- ``fsspec``: a file of an fsspec file system (``path``, ``mode``, ``opener``), with the
+  ``size`` and version fields fsspec reported when it was opened;
+- ``tar-member`` / ``zip-member``: a member of an archive (``archive``: the archive stream's
+  address; ``offset`` of the member's header in a tar, ``index`` in a zip's list);
+- ``decompress``: the decompressed view (``type``: gzip, lzma, bz2, tar, zip) of ``inner``.
+
+A file that changed since it was opened (another size or modification time) is refused
+with a :class:`~snapshot.errors.RestoreError` naming it, never read at a stale offset.
+"""
+
+from __future__ import annotations
+
+import os
+import tarfile
+import zipfile
+from collections.abc import Callable
+from typing import Any
+
+from torch.utils.data.datapipes.utils.common import StreamWrapper
+
+from snapshot.errors import RestoreError, SerializationError
+
+__all__ = ["address_of", "changed", "check_unchanged", "file_address", "mark", "register_kind", "reopen",
+           "stream_value", "tar_after", "value_of"]
+
+KIND = "kind"
+#: Kinds of address that stand on another stream's address (``archive`` or ``inner``).
+_DERIVED = ("tar-member", "zip-member", "decompress")
+_ATTRIBUTE = "_snapshot_address"
+#: fsspec ``info()`` fields that change when a file is rewritten.
+_VERSION_FIELDS = ("size", "mtime", "LastModified", "last_modified", "ETag", "etag", "generation", "created")
+
+
+def mark(stream: Any, address: dict[str, Any]) -> Any:
+    """Attach ``address`` to ``stream`` (a ``StreamWrapper``); returns the stream."""
+    stream.__dict__[_ATTRIBUTE] = address
+    return stream
+
+
+def address_of(stream: Any) -> dict[str, Any] | None:
+    """The address attached to ``stream``, or ``None``."""
+    found = getattr(stream, "__dict__", {}).get(_ATTRIBUTE)
+    return found if isinstance(found, dict) else None
+
+
+def file_address(path: str, mode: str, encoding: str | None, fileobj: Any) -> dict[str, Any]:
+    """The address of a local file just opened as ``fileobj``."""
+    st = os.fstat(fileobj.fileno())
+    return {KIND: "file", "path": path, "mode": mode, "encoding": encoding,
+            "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def fsspec_version(fs: Any, path: str) -> dict[str, Any]:
+    """What fsspec says about ``path`` that changes when the file is rewritten."""
+    info = fs.info(path)
+    return {k: _plain(info[k]) for k in _VERSION_FIELDS if k in info}
+
+
+def _plain(value: Any) -> Any:
+    return value if isinstance(value, (int, float, str, bool, type(None))) else str(value)
+
+
+def _root(address: dict[str, Any]) -> dict[str, Any]:
+    while address[KIND] in _DERIVED:
+        address = address.get("archive") or address["inner"]
+    return address
+
+
+def changed(path: str, saved: Any, now: Any) -> RestoreError:
+    return RestoreError(
+        f"the file {path} changed since the snapshot was saved (then {saved}, now {now}); the "
+        "snapshot stands at an offset inside it, which would now read other bytes. Restore with "
+        "the data the snapshot was taken on, or start the epoch again.")
+
+
+def check_unchanged(address: dict[str, Any]) -> None:
+    """Raise :class:`RestoreError` naming the file if the file under ``address`` changed."""
+    root = _root(address)
+    path = root["path"]
+    if root[KIND] != "file":
+        _CHECKERS[root[KIND]](root)
+        return
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise RestoreError(f"the file {path} that the snapshot was reading is gone ({exc}); restore "
+                           "with the data the snapshot was taken on.") from exc
+    saved = {"size": root["size"], "mtime_ns": root["mtime_ns"]}
+    now = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    if saved != now:
+        raise changed(path, saved, now)
+
+
+def _open_file(address: dict[str, Any]) -> Any:
+    mode = address["mode"]
+    if mode in ("b", "t"):
+        mode = "r" + mode
+    stream = StreamWrapper(open(address["path"], mode, encoding=address["encoding"]))  # noqa: SIM115 (a reader closes it)
+    st = os.fstat(stream.fileno())
+    if (st.st_size, st.st_mtime_ns) != (address["size"], address["mtime_ns"]):
+        stream.close()
+        raise changed(address["path"], {"size": address["size"], "mtime_ns": address["mtime_ns"]},
+                       {"size": st.st_size, "mtime_ns": st.st_mtime_ns})
+    return stream
+
+
+def tar_after(stream: Any, mode: str, offset: int | None) -> tarfile.TarFile:
+    """The ``TarFile`` that ``load_from_tar`` reads from ``stream``; with ``offset``, placed so
+    that its next member is the one whose header starts there (a compressed archive is
+    decompressed up to it)."""
+    if isinstance(stream, StreamWrapper) and isinstance(stream.file_obj, tarfile.TarFile):
+        tar = stream.file_obj
+    else:
+        seekable = hasattr(stream, "seekable") and stream.seekable()
+        tar = tarfile.open(fileobj=stream, mode=mode if seekable else mode.replace(":", "|"))  # type: ignore[call-overload]  # noqa: SIM115
+    if offset:  # (at 0, the fresh TarFile's first member is already the one)
+        tar.offset = offset
+        tar.firstmember = None  # type: ignore[attr-defined]
+    return tar
+
+
+def _open_tar_member(address: dict[str, Any]) -> Any:
+    archive = reopen(address["archive"])
+    tar = tar_after(archive, address["mode"], address["offset"])
+    info = tar.next()
+    extracted = tar.extractfile(info) if info is not None else None
+    if extracted is None:
+        raise RestoreError(f"the archive {address['archive'].get('path')} has no file member at offset "
+                           f"{address['offset']} any more; restore with the data the snapshot was taken on.")
+    member = StreamWrapper(extracted, archive, name=address.get("name"))
+    archive.autoclose()
+    return mark(member, address)
+
+
+def _open_zip_member(address: dict[str, Any]) -> Any:
+    archive = reopen(address["archive"])
+    zips = zipfile.ZipFile(archive)
+    member = StreamWrapper(zips.open(zips.infolist()[address["index"]]), archive, name=address.get("name"))
+    archive.autoclose()
+    return mark(member, address)
+
+
+def _open_decompressed(address: dict[str, Any]) -> Any:
+    from torchdata.datapipes.iter import Decompressor
+
+    inner = reopen(address["inner"])
+    kind = Decompressor.types(address["type"])
+    stream = StreamWrapper(Decompressor._DECOMPRESSORS[kind](inner), inner, name=address.get("name"))
+    return mark(stream, address)
+
+
+_OPENERS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "file": _open_file, "tar-member": _open_tar_member, "zip-member": _open_zip_member,
+    "decompress": _open_decompressed,
+}
+#: Per kind of root address other than ``file``: raises if the file changed since it was opened.
+_CHECKERS: dict[str, Callable[[dict[str, Any]], None]] = {}
+
+
+def register_kind(kind: str, opener: Callable[[dict[str, Any]], Any], check: Callable[[dict[str, Any]], None]) -> None:
+    """Teach :func:`reopen` and :func:`check_unchanged` a kind of root address (``fsspec``)."""
+    _OPENERS[kind] = opener
+    _CHECKERS[kind] = check
+
+
+def reopen(address: dict[str, Any], offset: Any = None) -> Any:
+    """A fresh stream for ``address``, at ``offset`` (a ``tell()`` value) if given, marked with
+    ``address``; :class:`RestoreError` if the file under it changed."""
+    if address[KIND] in _CHECKERS:
+        _CHECKERS[address[KIND]](address)
+    stream = _OPENERS[address[KIND]](address)
+    if address[KIND] not in _DERIVED:
+        mark(stream, address)
+    if offset:
+        stream.seek(offset)
+    return stream
+
+
+# -- streams held as values (webdataset's pending group, items in flight) -----------------------
+
+STREAM = "__stream__"
+
+
+def stream_value(value: Any, where: str) -> Any:
+    """``value`` as plain data for a state: a stream becomes its address and offset."""
+    if isinstance(value, StreamWrapper):
+        address = address_of(value)
+        if address is None:
+            raise SerializationError(
+                f"{where} holds a stream ({value!r}) that snapshot cannot reopen: it was not opened by "
+                "FileOpener, open_files_by_fsspec, load_from_tar, load_from_zip or decompress (or it went "
+                "through a pipe that replaced it). Read the stream into bytes before this pipe (a map), "
+                "or restore this graph with strategy='fast_forward'.")
+        return {STREAM: address, "at": value.tell() if not value.closed else 0}
+    return value
+
+
+def value_of(saved: Any) -> Any:
+    """The value :func:`stream_value` saved (a stream is reopened where it stood)."""
+    if isinstance(saved, dict) and STREAM in saved:
+        check_unchanged(saved[STREAM])
+        return reopen(saved[STREAM], saved["at"])
+    return saved

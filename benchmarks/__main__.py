@@ -1,8 +1,8 @@
 """``python -m benchmarks {restore,iterate,workers,distributed,scale,io,all} [--json PATH] [--repeat N]``.
 
 ``io`` takes more options: ``--size 20MB`` (the corpus; up to GBs), ``--pipelines tar,jsonl.gz``,
-``--modes 0,2`` (in-process, 2 workers), ``--peer-python NAME=PYTHON`` (repeatable) or
-``--peers-dir DIR``; see ``benchmarks/io.py``. ``all`` runs ``io`` at its defaults.
+``--modes 0,2`` (in-process, 2 workers), ``--positions 0.1,0.5,0.9``, ``--peer-python NAME=PYTHON``
+(repeatable) or ``--peers-dir DIR``; see ``benchmarks/io.py``. ``all`` runs ``io`` at its defaults.
 """
 
 from __future__ import annotations
@@ -28,9 +28,11 @@ def main() -> None:
     group.add_argument("--peer-python", action="append", metavar="NAME=PYTHON",
                        help="io: run a peer (datasets, litdata, streaming) with this Python")
     group.add_argument("--peers-dir", help="io: virtualenvs of the peers: DIR/hf, DIR/litdata, DIR/streaming")
+    group.add_argument("--positions", default="0.1,0.5,0.9", help="io: cut points, fractions of the epoch")
     args = parser.parse_args()
     io_options = {"size": args.size, "pipelines": args.pipelines, "modes": args.modes,
-                  "peer_python": args.peer_python, "peers_dir": args.peers_dir}
+                  "peer_python": args.peer_python, "peers_dir": args.peers_dir,
+                  "positions": tuple(float(p) for p in args.positions.split(","))}
     chosen = list(SUITES) if args.which == "all" else [args.which]
     results = {}
     for name in chosen:

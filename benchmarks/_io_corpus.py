@@ -59,6 +59,7 @@ class Corpus:
     samples: dict[str, int] = field(default_factory=dict)
     files: dict[str, int] = field(default_factory=dict)
     nbytes: dict[str, int] = field(default_factory=dict)
+    largest: dict[str, int] = field(default_factory=dict)  # the largest file of each format
 
     def dir(self, fmt: str) -> str:
         return os.path.join(self.root, fmt)
@@ -186,6 +187,7 @@ def make(root: str, size: int, formats: tuple[str, ...] = tuple(SHARES)) -> Corp
             write(path, first, count)
             first += count
             corpus.nbytes[fmt] = corpus.nbytes.get(fmt, 0) + os.path.getsize(path)
+            corpus.largest[fmt] = max(corpus.largest.get(fmt, 0), os.path.getsize(path))
             corpus.files[fmt] = k + 1
         corpus.samples[fmt] = first
     return corpus

@@ -19,10 +19,12 @@ worker processes (``2``). At 10, 50 and 90 % of an epoch, side by side in one ru
 - *read*: bytes read by the restoring process and its worker processes, from the loader's
   construction to the first batch: the ``rchar`` field of ``/proc/PID/io`` (every byte
   returned by ``read``-like system calls, from the page cache or the disk, so a warm cache
-  does not hide a re-read). It counts the snapshot file, and with workers also the batches
-  the main process receives from them through pipes;
+  does not hide a re-read). It counts the snapshot file, and with workers also what goes
+  through the pipes between the processes (the states sent to the workers, their batches);
 - *snap*: the snapshot file's size with each ``buffer_state``; *replayed*: the items the
   restore plan replays (the manifest's drivers), 0 when every node restores from state.
+
+Then the ratios, and issue 26's budgets read from these figures (``benchmarks/_io_report.py``).
 
 Every restore is checked against the uninterrupted run (*exact*). The corpus lies in the page
 cache (it was just written): times are warm-cache times. Peers (HF ``datasets``, ``litdata``,
@@ -46,6 +48,7 @@ import snapshot
 from benchmarks import _io_corpus
 from benchmarks._io_peers import peers_in, run_peers
 from benchmarks._io_pipelines import BATCH, PIPELINES, Pipeline, ids
+from benchmarks._io_report import HEADERS, budgets, mb, rows, tables
 from benchmarks.common import save_json, table
 
 POSITIONS = (0.1, 0.5, 0.9)
@@ -166,43 +169,6 @@ def measure(pipe: Pipeline, folder: str, workers: int, k: int, tmp: str, repeat:
             "replayed": saved["replayed"], "replayed_positions": pos["replayed"], "exact": exact and ok and ff_ok}
 
 
-# -- reporting ------------------------------------------------------------------------------
-
-def _ms(s: float) -> str:
-    return f"{s * 1e3:,.0f} ms" if s >= 0.1 else f"{s * 1e3:.1f} ms"
-
-
-def _mb(n: float) -> str:
-    return f"{n / 1e6:,.2f} MB" if n < 1e8 else f"{n / 1e6:,.0f} MB"
-
-
-def _x(a: float, b: float) -> str:
-    return f"{a / b:,.1f}x" if b > 0 else "-"
-
-
-def _rows(results: list[dict[str, Any]]) -> list[list[str]]:
-    return [[r["pipeline"], str(r["workers"]), f"{r['at']:.0%}", _ms(r["plain_s"]), _ms(r["ff_s"]), _ms(r["ours_s"]),
-             _ms(r["ours_positions_s"]), _x(r["ff_s"], r["ours_s"]), _mb(r["plain_read"]), _mb(r["ff_read"]),
-             _mb(r["ours_read"]), _mb(r["snapshot_values"]), _mb(r["snapshot_positions"]), str(r["replayed"]),
-             "yes" if r["exact"] else "NO"] for r in results]
-
-
-HEADERS = ["pipeline", "workers", "at", "plain", "ff", "ours", "ours pos", "ff/ours", "read plain", "read ff",
-           "read ours", "snap values", "snap pos", "replayed", "exact"]
-
-
-def _ratios(results: list[dict[str, Any]]) -> list[list[str]]:
-    rows = []
-    for (name, workers) in dict.fromkeys((r["pipeline"], r["workers"]) for r in results):
-        at = {r["at"]: r for r in results if r["pipeline"] == name and r["workers"] == workers}
-        if 0.1 in at and 0.9 in at:
-            lo, hi = at[0.1], at[0.9]
-            rows.append([name, str(workers), _x(hi["ours_s"], lo["ours_s"]), _x(hi["ours_read"], lo["ours_read"]),
-                         _x(hi["ff_s"], hi["ours_s"]), _x(hi["plain_s"], hi["ours_s"]),
-                         _x(hi["snapshot_values"], hi["snapshot_positions"])])
-    return rows
-
-
 def run(repeat: int = 3, json_path: str | None = None, size: str = "20MB", pipelines: str = ",".join(PIPELINES),
         modes: str = "0,2", peer_python: list[str] | None = None, peers_dir: str | None = None,
         positions: tuple[float, ...] = POSITIONS) -> dict[str, Any]:
@@ -215,9 +181,9 @@ def run(repeat: int = 3, json_path: str | None = None, size: str = "20MB", pipel
         start = time.perf_counter()
         formats = tuple(dict.fromkeys(p.format for p in chosen))
         corpus = _io_corpus.make(root, _io_corpus.parse_size(size), formats)
-        print(f"corpus: {_mb(sum(corpus.nbytes.values()))} in {time.perf_counter() - start:.1f} s, "
+        print(f"corpus: {mb(sum(corpus.nbytes.values()))} in {time.perf_counter() - start:.1f} s, "
               + ", ".join(f"{fmt} {corpus.files[fmt]} files / {corpus.samples[fmt]:,} samples / "
-                          f"{_mb(corpus.nbytes[fmt])}" for fmt in formats))
+                          f"{mb(corpus.nbytes[fmt])}" for fmt in formats))
         for pipe in chosen:
             reason = pipe.missing()
             if reason:
@@ -235,19 +201,15 @@ def run(repeat: int = 3, json_path: str | None = None, size: str = "20MB", pipel
                         failures.append({"pipeline": pipe.name, "workers": workers, "at": at, "error": repr(error)})
                         continue
                     results.append({"pipeline": pipe.name, "workers": workers, "at": at, "batches": batches, **row})
-                    print(table(HEADERS, _rows(results[-1:])).splitlines()[-1], flush=True)
-        print(f"\nrestore to the first batch, corpus {size}, batch {BATCH}, shuffle buffer 500; "
-              "read = rchar of the process and its workers")
-        print(table(HEADERS, _rows(results)))
-        print("\nratios: ours at 90 % / at 10 % (time, bytes read); at 90 %: ff / ours, plain / ours, "
-              "snapshot values / positions")
-        print(table(["pipeline", "workers", "ours 90/10", "read 90/10", "ff/ours", "plain/ours", "values/pos"],
-                    _ratios(results)))
+                    print(table(HEADERS, rows(results[-1:])).splitlines()[-1], flush=True)
+        tables(results, size)
         ours_jsonl = {r["at"]: r["ours_s"] for r in results if r["pipeline"] == "jsonl.gz" and r["workers"] == 0}
         pythons = dict(peers_in(peers_dir), **dict(p.split("=", 1) for p in peer_python or []))
         peers = run_peers(pythons, corpus.dir("jsonl"), positions, ours_jsonl, tmp, repeat) \
             if "jsonl" in corpus.samples else []
+    budgets(results, peers, corpus, _io_corpus.parse_size(size))
     payload = {"benchmark": "io", "size": size, "corpus_bytes": corpus.nbytes, "samples": corpus.samples,
+               "files": corpus.files, "largest_file": corpus.largest,
                "results": [{k: v for k, v in r.items() if k != "expected"} for r in results], "peers": peers,
                "failures": failures}
     save_json(json_path, payload)

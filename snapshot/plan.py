@@ -31,7 +31,8 @@ from snapshot.errors import GraphMismatchError, RestoreError, StrategyError
 if TYPE_CHECKING:  # the graph and the hooks import torch: loaded when a restore is planned
     from snapshot.graph import Graph
 
-__all__ = ["Plan", "RestoreStrategy", "check_graph", "check_restorable", "log_plan", "make_plan", "needs_replay"]
+__all__ = ["Plan", "RestoreStrategy", "check_graph", "check_restorable", "log_plan", "make_plan", "needs_replay",
+           "rereads"]
 
 
 _log = logging.getLogger(__name__)
@@ -90,6 +91,19 @@ def check_restorable(graph: Graph, nodes: set[str] | None = None) -> None:
         )
 
 
+def rereads(graph: Graph, nodes: set[str]) -> dict[str, str]:
+    """Of ``nodes`` (restored from state), those whose restore reads something again, and what."""
+    from snapshot.hooks import hook_for
+
+    found: dict[str, str] = {}
+    for node in graph.nodes:
+        hook = hook_for(node.datapipe) if node.path in nodes else None
+        what = hook.iterator.rereads(node, graph) if hook is not None and hook.iterator is not None else None
+        if what is not None:
+            found[node.path] = what
+    return found
+
+
 def needs_replay(graph: Graph, nodes: set[str] | None = None) -> dict[str, str]:
     """Nodes (of ``nodes``, default all) that cannot be restored from state, with the reason."""
     from torch.utils.data import MapDataPipe
@@ -128,6 +142,9 @@ class Plan:
     #: The replay reaches the part's input (a logical shard's sharding point): the samples
     #: it received since the start of the epoch must be produced again.
     reaches_ports: bool = False
+    #: Nodes restored from their state that read something again beyond it (a reader of a
+    #: compressed stream re-inflates its current file), with what.
+    rereads: Mapping[str, str] = field(default_factory=dict)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -136,6 +153,7 @@ class Plan:
             "replayed_nodes": sorted(self.replay),
             "reasons": dict(self.reasons),
             "reaches_sharding_point": self.reaches_ports,
+            "rereads": dict(self.rereads),
         }
 
     def method(self, path: str) -> str:
@@ -149,6 +167,8 @@ class Plan:
             lines.append(f"  replay {count} samples of {path} (and the {len(self.replay)} nodes it reads from)")
         for path, reason in self.reasons.items():
             lines.append(f"  {path} needs replay: {reason}")
+        for path, what in self.rereads.items():
+            lines.append(f"  {path} is restored from its state, and {what}")
         return "\n".join(lines)
 
 
@@ -225,8 +245,9 @@ def make_plan(graph: Graph, counts: Mapping[str, int | None], strategy: RestoreS
     for d in drivers:
         replay |= chosen[d]
     drivers.sort(key=part.order.__getitem__)
+    restored = {p for p in part.nodes - ports - replay if counts.get(p)}
     return Plan(strategy, frozenset(replay - ports), tuple((d, int(counts.get(d) or 0)) for d in drivers),
-                reasons, bool(replay & ports))
+                reasons, bool(replay & ports), rereads(graph, restored))
 
 
 def log_plan(plan: Plan, graph: Graph, drivers: list[tuple[str, int]], *, hooked: Callable[[str], bool]) -> None:
@@ -235,6 +256,8 @@ def log_plan(plan: Plan, graph: Graph, drivers: list[tuple[str, int]], *, hooked
     a long replay caused by a pipe without a hook (``hooked(path)`` says which have one)."""
     if not drivers:
         _log.info("restore (%s): every node from its saved state, nothing replayed", plan.strategy.value)
+    for path, what in plan.rereads.items():
+        _log.info("restore (%s): %s (%s) %s", plan.strategy.value, path, graph[path].signature, what)
     for path, count in drivers:
         behind = [p for p in graph.ancestors(path) if p in plan.replay]
         _log.info("restore (%s): replaying %d samples of %s (%s) through %d node(s); the others from their "
@@ -254,5 +277,7 @@ def log_plan(plan: Plan, graph: Graph, drivers: list[tuple[str, int]], *, hooked
                 "position can only be reached by replaying. Give %s state_dict() and load_state_dict(state) "
                 "methods (the torchdata Stateful protocol), or register a hook with "
                 "snapshot.register_state_hook(%s, ...) (see the state hooks how-to); it is then restored "
-                "from its state.", count, node, graph[node].signature, cls.__qualname__, cls.__qualname__)
+                "from its state. If its generator keeps nothing between samples, "
+                "snapshot.register_state_hook(%s, snapshot.hooks.Itemwise) is enough.", count, node,
+                graph[node].signature, cls.__qualname__, cls.__qualname__, cls.__qualname__)
 

@@ -10,10 +10,13 @@ has no side effect).
 
 from __future__ import annotations
 
+import bz2
 import csv
 import gzip
+import hashlib
 import io
 import json
+import lzma
 import os
 import struct
 import tarfile
@@ -91,6 +94,11 @@ def _tfrecord(index: int) -> bytes:
     return out.getvalue()
 
 
+def _notes(index: int) -> bytes:
+    paragraphs = [" ".join(f"w{index}.{p}.{k}" for k in range(p % 3 + 1)) for p in range(5 + index)]
+    return "\n\n".join(p.replace(" ", "\n", 1) for p in paragraphs).encode() + b"\n"
+
+
 def write_corpus(root: str) -> str:
     """Write the corpus under ``root`` (once); returns ``root``."""
     os.makedirs(root, exist_ok=True)
@@ -101,6 +109,9 @@ def write_corpus(root: str) -> str:
         _write(os.path.join(root, f"table-{index}.csv"), _csv(index))
         _write(os.path.join(root, f"pack-{index}.zip"), _zip(index))
         _write(os.path.join(root, f"records-{index}.tfrecord"), _tfrecord(index))
+        _write(os.path.join(root, f"doc-{index}.json"), json.dumps({"doc": index, "tags": list(range(index))}).encode())
+        _write(os.path.join(root, f"notes-{index}.txt.bz2"), bz2.compress(_notes(index)))
+        _write(os.path.join(root, f"notes-{index}.txt.xz"), lzma.compress(_notes(index)))
     return root
 
 
@@ -174,3 +185,22 @@ def tar_members(root: str) -> Any:
 
 def tfrecords(root: str) -> Any:
     return Mapper(td.TFRecordLoader(FileOpener(listed(root, "*.tfrecord"), mode="b")), tensors_to_lists)
+
+
+def bz2_lines(root: str) -> Any:
+    return td.LineReader(td.Bz2FileLoader(FileOpener(listed(root, "*.bz2"), mode="b")), decode=True)
+
+
+def xz_paragraphs(root: str) -> Any:
+    lines = td.LineReader(td.XzFileLoader(FileOpener(listed(root, "*.xz"), mode="b")), decode=True)
+    return td.ParagraphAggregator(lines)
+
+
+def checked_csv(root: str) -> Any:
+    hashes = {os.path.join(root, f"table-{i}.csv"): hashlib.sha256(_csv(i)).hexdigest() for i in range(JSONL_FILES)}
+    checked = td.HashChecker(FileOpener(listed(root, "*.csv"), mode="b"), hashes, rewind=True)
+    return Mapper(td.CSVParser(checked, return_path=True), basename_first)
+
+
+def json_docs(root: str) -> Any:
+    return Mapper(td.JsonParser(FileOpener(listed(root, "*.json"), mode="b")), basename_first)

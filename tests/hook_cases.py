@@ -238,6 +238,45 @@ def fsspec_chunks(root: str):
     return StreamReader(td.FSSpecFileOpener(td.FSSpecFileLister(root, "*.txt"), mode="rb"), chunk=4)
 
 
+def corpus_case(name: str, root: str):
+    from tests import file_corpus
+
+    return getattr(file_corpus, name)(corpus(root))
+
+
+def saved_path(root: str, name: str) -> str:
+    return os.path.join(root, "saved", name)
+
+
+def saved_flat(root: str, name: str) -> str:
+    return os.path.join(root, f"fs-{name}")  # save_by_fsspec makes no directory
+
+
+def named_bytes(x):
+    return (f"item-{x}.bin", bytes([x]) * (x % 5))
+
+
+def saved(root: str, fsspec: bool):
+    items = td.Mapper(IterableWrapper(range(9)), named_bytes)
+    if fsspec:
+        out = td.FSSpecSaver(items, mode="wb", filepath_fn=functools.partial(saved_flat, root))
+    else:
+        out = td.Saver(items, mode="wb", filepath_fn=functools.partial(saved_path, root))
+    return td.Mapper(out, os.path.basename)
+
+
+def record(x):
+    return {"a": x, "b": {"c": x * 2, "d": -x}, "e": [x, x + 1]}
+
+
+def as_row(x):
+    return (x, x * 2, x * 3, x * 4)
+
+
+def mod5(x):
+    return x % 5
+
+
 def slow_square(x):
     return x * x
 
@@ -280,6 +319,18 @@ TORCHDATA: dict[str, Callable[..., Any]] = {} if td is None else {
                                                   scheduled_tasks=5, max_workers=2),
     "async_map_batches": lambda: td.BatchAsyncMapper(IterableWrapper(range(17)), async_square, batch_size=4),
     "tfrecords": functools.partial(tfrecords, DATA),
+    "bz2_lines": functools.partial(corpus_case, "bz2_lines", DATA),
+    "xz_paragraphs": functools.partial(corpus_case, "xz_paragraphs", DATA),
+    "check_hash": functools.partial(corpus_case, "checked_csv", DATA),
+    "save_to_disk": functools.partial(saved, DATA, False),
+    "save_by_fsspec": functools.partial(saved, DATA, True),
+    "drop": lambda: td.Dropper(td.Mapper(IterableWrapper(range(8)), as_row), [1, 3]),
+    "flatten": lambda: td.Flattener(td.Mapper(IterableWrapper(range(8)), record)),
+    "slice": lambda: td.Slicer(td.Mapper(IterableWrapper(range(8)), as_row), 1, 3),
+    "rows2columnar": lambda: td.Rows2Columnar(Batcher(td.Mapper(IterableWrapper(range(10)), as_row), 3),
+                                              ["w", "x", "y", "z"]),
+    "zip_with_map": lambda: td.MapKeyZipper(Shuffler(IterableWrapper(range(12)), buffer_size=3),
+                                            SequenceWrapper(list(range(100, 105))), mod5),
 }
 
 #: Every case, as ``"torch:name"`` or ``"torchdata:name"``.

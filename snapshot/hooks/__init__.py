@@ -15,7 +15,10 @@ graph that holds one raises a :class:`~snapshot.errors.RestoreError` (see
 :func:`register_refusal`).
 
 A pipe without a hook (a generator ``__iter__`` of your own, say) is replayed: the restore
-plan fast-forwards the smallest part of the graph that contains it. See
+plan fast-forwards the smallest part of the graph that contains it, from the start of the
+epoch. A pipe whose generator keeps nothing between samples (``for x in self.source: yield
+f(x)``) can be declared so with ``register_state_hook(MyPipe, Itemwise)``: it is then restarted
+over its inputs, restored from their states, and nothing is replayed. See
 ``docs/hooks.md`` for the contract a hook must keep.
 """
 
@@ -29,10 +32,12 @@ from snapshot.hooks._registry import (
     register_state_hook,
     registered_types,
 )
+from snapshot.hooks.builtin.callable import ItemwiseIterator as Itemwise
 
 _install()
 
 __all__ = [
+    "Itemwise",
     "ResumableIterator",
     "StateHook",
     "Stateless",

@@ -83,6 +83,9 @@ class ResumableIterator(Iterator[Any], ABC):
     #: those are) or ``"passes"`` (it hands its input's samples on unchanged). See
     #: :func:`snapshot.hooks.builtin.files.reopenable`.
     streams: ClassVar[str | None] = None
+    #: ``True`` for pipes that inflate compressed streams (gzip, bz2, xz): a reader after them that is
+    #: restored at an offset re-inflates its current file from the start (see :meth:`rereads`).
+    inflates: ClassVar[bool] = False
     #: How this pipe saves buffered samples (set by the engine from the loader's option).
     buffer_state: str = "values"
 
@@ -126,6 +129,17 @@ class ResumableIterator(Iterator[Any], ABC):
     def lookup(self) -> Callable[[int], Any] | None:
         """For a source: a function from a position in this epoch's stream to the sample there,
         if the source can be indexed (else ``None``)."""
+        return None
+
+    def addressing(self) -> Callable[[Any], Any] | None:
+        """For a reader of files: start keeping the address of each sample it yields (see
+        :meth:`last_address`) and return a function that reads a sample again from its address;
+        ``None`` if its samples have no address."""
+        return None
+
+    def last_address(self) -> Any:
+        """After :meth:`addressing`: the address of the sample just yielded (plain data), or
+        ``None`` when it has none (it is then kept by value)."""
         return None
 
     def restart_input(self, index: int) -> Any:
@@ -173,6 +187,12 @@ class ResumableIterator(Iterator[Any], ABC):
     @classmethod
     def can_restore(cls, node: Any, graph: Any) -> str | None:
         """``None`` if ``node`` can be restored from its state in ``graph``, else the reason."""
+        return None
+
+    @classmethod
+    def rereads(cls, node: Any, graph: Any) -> str | None:
+        """What a restore of ``node`` from its state reads again beyond its state (for the plan), or
+        ``None`` when it reads nothing again."""
         return None
 
     def state_dict(self) -> dict[str, Any]:

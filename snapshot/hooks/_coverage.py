@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from snapshot.hooks._registry import hook_for_class, refusal_condition
 
-__all__ = ["FAST_FORWARD", "REFUSED", "STATE_HOOK", "Row", "coverage", "main", "render"]
+__all__ = ["FAST_FORWARD", "REASONS", "REFUSED", "STATE_HOOK", "Row", "coverage", "main", "render"]
 
 STATE_HOOK = "state hook"
 FAST_FORWARD = "fast-forward"
@@ -57,6 +57,51 @@ BUILDS: dict[str, tuple[str, ...]] = {
                          "torchdata.datapipes.iter.util.header.LengthSetterIterDataPipe"),
     "RandomSplitter": ("torchdata.datapipes.iter.util.randomsplitter._RandomSplitterIterDataPipe",
                        "torchdata.datapipes.iter.util.randomsplitter.SplitterIterator"),
+}
+
+
+_NETWORK = ("reads from a network service that cannot be reached or installed here, so a hook could not be "
+            "tested; replayed from the start of the epoch")
+#: Why a torchdata 0.9 pipe without a hook has none (by class name); the table prints it instead of
+#: the default note. Every file, archive, parser, opener or thread-pool pipe without a hook is here.
+REASONS: dict[str, str] = {
+    "AISFileListerIterDataPipe": "needs the aistore client (not installable here); " + _NETWORK,
+    "AISFileLoaderIterDataPipe": "needs the aistore client (not installable here); " + _NETWORK,
+    "S3FileListerIterDataPipe": "needs torchdata's S3 extension, which the 0.9 wheels do not ship (use "
+                                "list_files_by_fsspec, which has a hook); replayed from the start of the epoch",
+    "S3FileLoaderIterDataPipe": "needs torchdata's S3 extension, which the 0.9 wheels do not ship (use "
+                                "open_files_by_fsspec with s3fs: restored by URL, ETag and offset); replayed",
+    "HTTPReaderIterDataPipe": _NETWORK + "; its response stream cannot seek, so a reader after it replays too",
+    "OnlineReaderIterDataPipe": _NETWORK + "; its response stream cannot seek, so a reader after it replays too",
+    "GDriveReaderDataPipe": _NETWORK + "; its response stream cannot seek, so a reader after it replays too",
+    "HuggingFaceHubReaderIterDataPipe": "needs the datasets package and the Hub (neither reachable here); "
+                                        "replayed from the start of the epoch",
+    "IoPathFileListerIterDataPipe": "needs iopath (not installed here, so a hook could not be tested); replayed "
+                                    "(list_files_by_fsspec has a hook)",
+    "IoPathFileOpenerIterDataPipe": "needs iopath (not installed here, so a hook could not be tested); replayed "
+                                    "(open_files_by_fsspec has a hook: restored by path and offset)",
+    "IoPathSaverIterDataPipe": "needs iopath (not installed here, so a hook could not be tested); replayed "
+                               "(save_by_fsspec has a hook)",
+    "RarArchiveLoaderIterDataPipe": "needs rarfile and an unrar tool (not installed here); replayed",
+    "ParquetDFLoaderIterDataPipe": "needs torcharrow, which has no wheel for this Python and torch (pyarrow alone "
+                                   "is not enough); replayed",
+    "DataFrameMakerIterDataPipe": "its constructor builds torcharrow pipes (no wheel for this Python and torch); "
+                                  "replayed",
+    "ExtractorIterDataPipe": "deprecated alias: its constructor returns a Decompressor, which has a state hook",
+    "OnDiskCacheHolderIterDataPipe": "its generator decides per item whether the on-disk cache holds it and "
+                                     "routes it through an inner demultiplexer; replayed (after the first epoch "
+                                     "the replay reads the cached files, not the source)",
+    "EndOnDiskCacheHolderIterDataPipe": "its constructor builds the cache's writing half (a Saver after "
+                                        "filters of the OnDiskCacheHolder's demultiplexer); replayed",
+    "PinMemoryIterDataPipe": "refuses to run without CUDA (none here), so a hook could not be tested; replayed",
+    "IterKeyZipperIterDataPipe": "its buffer of reference items waits on keys of the other input; replayed",
+    "MaxTokenBucketizerIterDataPipe": "its heap of pending items is not yet captured; replayed",
+    "ShuffledFlatMapperIterDataPipe": "its buffer holds iterators returned by the user's function, which "
+                                      "cannot be saved or rebuilt; replayed",
+    "FullSyncIterDataPipe": "synchronizes ranks through a thread and collective calls; the distributed "
+                            "reading service equalizes ranks itself; replayed",
+    "ShardingRoundRobinDispatcherIterDataPipe": "a marker for the reading service, which runs the part above "
+                                                "it once and deals its samples; replayed",
 }
 
 
@@ -94,7 +139,7 @@ def _method_of(cls: type) -> tuple[str, str]:
     hook = hook_for_class(cls)
     when = refusal_condition(cls)
     if hook is None:
-        method, note = FAST_FORWARD, "replayed from the start of the epoch"
+        method, note = FAST_FORWARD, REASONS.get(cls.__name__, "replayed from the start of the epoch")
     elif hook.iterator is not None:
         method = STATE_HOOK
         doc = inspect.getdoc(hook.iterator) or ""
@@ -149,8 +194,8 @@ def coverage() -> list[Row]:
                 continue
             seen.add(cls)
             if _constructor_builds_unknown(cls, name):
-                rows.append(Row(module_name, name, functional.get(cls), FAST_FORWARD,
-                                "its constructor builds other pipes; replayed", (cls,)))
+                note = REASONS.get(cls.__name__, "its constructor builds other pipes; replayed")
+                rows.append(Row(module_name, name, functional.get(cls), FAST_FORWARD, note, (cls,)))
                 continue
             rows.append(_row(module_name, name, cls, functional))
     return rows

@@ -1,14 +1,17 @@
 """Buffers saved by position: re-producing a buffered sample from where it came from.
 
 With ``DataLoader2(..., buffer_state="positions")`` a buffering pipe (``shuffle``) saves,
-for each buffered sample, its position in the pipe's input stream instead of the sample
-itself, when the pipes above can re-produce the sample from that position: a source that
-can be indexed (a list, tuple, range or other ``Sequence`` wrapped by ``IterableWrapper``,
-a map-style pipe read through ``to_iter_datapipe``) followed only by element-wise pipes
-(``map``, ``collate``). A restore re-produces each sample by indexing the source and applying
-the element-wise pipes again; like a fast-forward, this assumes their functions are
-deterministic. Where the input cannot re-produce samples, the buffer is saved by value and
-the snapshot's manifest says why (``buffer_state`` of the node).
+for each buffered sample, where it came from instead of the sample itself, when the pipes
+above can re-produce the sample from that: a source that can be indexed (a list, tuple,
+range or other ``Sequence`` wrapped by ``IterableWrapper``, a map-style pipe read through
+``to_iter_datapipe``: the sample's position in its stream) or a file reader whose samples
+have addresses (``webdataset``, ``load_from_tar``, ``load_from_zip``, ``readlines``,
+``parse_csv``, ``parse_json_files``, ``load_from_tfrecord``: the file, member or byte offset
+the sample was read from), followed only by element-wise pipes (``map``, ``collate``). A
+restore re-produces each sample from there and applies the element-wise pipes again; like a
+fast-forward, this assumes their functions are deterministic. Where the input cannot
+re-produce samples, the buffer is saved by value and the snapshot's manifest says why
+(``buffer_state`` of the node). A file that changed since is refused when it is reopened.
 """
 
 from __future__ import annotations
@@ -33,14 +36,28 @@ class BufferState(Choice):
 
 
 class Reproducer:
-    """Makes the sample at position ``k`` of a pipe's input: ``lookup(k)``, then each step."""
+    """Makes a sample of a pipe's input again from its key: ``lookup(key)``, then each step.
 
-    def __init__(self, lookup: Callable[[int], Any], steps: list[tuple[type, Any]]):
+    The key of a sample is taken when the buffering pipe receives it (:meth:`key`): its
+    position in the input's stream for an indexable source, its address (file, member or
+    offset) for a file reader; ``None`` when the sample has none (it is then kept by value).
+    """
+
+    def __init__(self, lookup: Callable[[Any], Any], steps: list[tuple[type, Any]],
+                 key: Callable[[], Any] | None = None, cell: Any = None):
         self._lookup = lookup
         self._steps = steps
+        self._key = key
+        self._cell = cell
 
-    def __call__(self, position: int) -> Any:
-        item = self._lookup(position)
+    def key(self) -> Any:
+        """The key of the sample the input just yielded."""
+        if self._key is not None:
+            return self._key()
+        return self._cell.yielded - 1
+
+    def __call__(self, key: Any) -> Any:
+        item = self._lookup(key)
         for kind, datapipe in self._steps:
             item = next(kind(datapipe, [iter((item,))]))
         return item
@@ -50,15 +67,21 @@ def reproducer_for(cell: Any) -> Reproducer | str:
     """A :class:`Reproducer` for the samples ``cell`` (an input's running iterator) yields,
     or the reason there is none."""
     steps: list[tuple[type, Any]] = []
+    top = cell
     while getattr(cell, "elementwise", False) and len(getattr(cell, "inputs", ())) == 1:
         steps.append((type(cell), cell.datapipe))
         cell = cell.inputs[0]
+    steps.reverse()
     lookup = getattr(cell, "lookup", None)
     found = lookup() if lookup is not None else None
-    if found is None:
-        name = type(getattr(cell, "datapipe", cell)).__name__
-        return (f"its input cannot re-produce a sample from its position: {name} is neither an indexable "
-                "source (IterableWrapper over a list, range or Sequence; to_iter_datapipe) nor an "
-                "element-wise pipe (map) over one")
-    steps.reverse()
-    return Reproducer(found, steps)
+    if found is not None:
+        return Reproducer(found, steps, cell=top)
+    addressing = getattr(cell, "addressing", None)
+    fetch = addressing() if addressing is not None else None
+    if fetch is not None:
+        return Reproducer(fetch, steps, key=cell.last_address)
+    name = type(getattr(cell, "datapipe", cell)).__name__
+    return (f"its input cannot re-produce a sample from its position: {name} is neither an indexable "
+            "source (IterableWrapper over a list, range or Sequence; to_iter_datapipe), nor a file reader "
+            "whose samples have addresses (load_from_tar, load_from_zip, webdataset, readlines, parse_csv, "
+            "parse_json_files, load_from_tfrecord), nor an element-wise pipe (map) over one")

@@ -10,7 +10,7 @@ is already past that stream.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from snapshot.errors import SerializationError
@@ -18,7 +18,7 @@ from snapshot.hooks._base import ResumableIterator
 from snapshot.hooks._registry import hook_for
 from snapshot.hooks.builtin._streams import address_of, check_unchanged, reopen
 
-__all__ = ["OffsetReading", "StreamReading", "reopenable"]
+__all__ = ["KeepsAddresses", "OffsetReading", "StreamReading", "inflated_by", "reopenable"]
 
 PATH = "path"
 ADDRESS = "address"
@@ -28,24 +28,54 @@ AT = "at"
 _MAX_DEPTH = 32
 
 
+def _stream_chain(node: Any, graph: Any) -> Iterator[tuple[Any, Any]]:
+    """The pipes the streams ``node`` reads come through, nearest first, with their iterator hooks
+    (``None`` without one), up to the one that opened them or the first that does not pass them on."""
+    for _ in range(_MAX_DEPTH):
+        if len(node.inputs) != 1:
+            return
+        node = graph[node.inputs[0]]
+        hook = hook_for(node.datapipe)
+        iterator = hook.iterator if hook is not None else None
+        yield node, iterator
+        if getattr(iterator, "streams", None) not in ("unpacks", "passes"):
+            return
+
+
 def reopenable(node: Any, graph: Any) -> str | None:
     """``None`` when the streams ``node`` reads carry addresses (they come from an opener, possibly
     unpacked by archive loaders or ``decompress`` and passed through filters), else why not."""
-    for _ in range(_MAX_DEPTH):
-        if len(node.inputs) != 1:
-            break
-        node = graph[node.inputs[0]]
-        hook = hook_for(node.datapipe)
-        kind = getattr(hook.iterator, "streams", None) if hook is not None else None
-        if kind == "opens":
-            return None
-        if kind not in ("unpacks", "passes"):
-            break
+    if any(getattr(it, "streams", None) == "opens" for _, it in _stream_chain(node, graph)):
+        return None
     return ("it reads streams that snapshot cannot reopen: they do not come from FileOpener, open_files_by_fsspec, "
             "load_from_tar, load_from_zip or decompress (through filters only)")
 
 
-class StreamReading(ResumableIterator):
+def inflated_by(node: Any, graph: Any) -> list[str]:
+    """The paths of the pipes that inflate the streams ``node`` reads (``decompress``, ...)."""
+    return [n.path for n, it in _stream_chain(node, graph) if getattr(it, "inflates", False)]
+
+
+class KeepsAddresses:
+    """Mixin for readers whose samples have addresses: once :meth:`addressing` is called, the
+    reader sets ``_last`` to the address of each sample it yields; :meth:`fetch` reads one again."""
+
+    _tracking = False
+    _last: Any = None
+
+    def addressing(self) -> Callable[[Any], Any] | None:
+        self._tracking = True
+        return self.fetch
+
+    def last_address(self) -> Any:
+        return self._last
+
+    def fetch(self, address: Any) -> Any:
+        """The sample at ``address`` (what :meth:`last_address` gave), read again."""
+        raise NotImplementedError
+
+
+class StreamReading(KeepsAddresses, ResumableIterator):
     """Reads each ``(path, stream)`` of its input through :meth:`start` and :meth:`resume`.
 
     Subclasses implement :meth:`start` (the samples of a stream from its beginning),
@@ -62,9 +92,48 @@ class StreamReading(ResumableIterator):
         self._samples: Iterator[Any] | None = None
         self._saved: dict[str, Any] | None = None
 
+    def fetch(self, address: Any) -> Any:
+        stream = reopen(address[ADDRESS], address[AT])
+        try:
+            return next(self.parse(address[PATH], stream, address))
+        finally:
+            stream.close()
+
+    def parse(self, path: str, stream: Any, address: dict[str, Any]) -> Iterator[Any]:
+        """The samples of ``stream`` from where it stands, for :meth:`fetch` (no effect on this
+        iterator's own position)."""
+        raise NotImplementedError
+
+    def address_extra(self) -> dict[str, Any]:
+        """What a sample's address needs beyond the stream and offset (a CSV file's header)."""
+        return {}
+
+    def addressed(self, stream: Any, samples: Iterator[Any]) -> Iterator[Any]:
+        """``samples``, noting where each starts in ``stream`` while addresses are kept (the readers
+        read nothing ahead, so the offset before a sample is where it starts)."""
+        while True:
+            where = stream.tell() if self._tracking else None
+            try:
+                sample = next(samples)
+            except StopIteration:
+                return
+            if where is not None:
+                address = address_of(stream)
+                self._last = None if address is None else {PATH: self._path, ADDRESS: address, AT: where,
+                                                           **self.address_extra()}
+            yield sample
+
     @classmethod
     def can_restore(cls, node: Any, graph: Any) -> str | None:
         return reopenable(node, graph)
+
+    @classmethod
+    def rereads(cls, node: Any, graph: Any) -> str | None:
+        inflating = inflated_by(node, graph)
+        if not inflating:
+            return None
+        return (f"re-inflates its current file from the start up to the saved offset (a compressed stream, "
+                f"inflated by {', '.join(inflating)}, cannot seek); never the files before it")
 
     @abstractmethod
     def start(self, path: str, stream: Any) -> Iterator[Any]:
@@ -131,10 +200,14 @@ class OffsetReading(StreamReading):
         """The samples of ``stream`` from where it stands."""
 
     def start(self, path: str, stream: Any) -> Iterator[Any]:
-        return self.read(path, stream)
+        return self.addressed(stream, self.read(path, stream))
 
     def resume(self, path: str, address: dict[str, Any], position: Any) -> Iterator[Any]:
-        return self.read(path, self.reopen(address, position))
+        stream = self.reopen(address, position)
+        return self.addressed(stream, self.read(path, stream))
+
+    def parse(self, path: str, stream: Any, address: dict[str, Any]) -> Iterator[Any]:
+        return self.read(path, stream)
 
     def position(self) -> Any:
         return self._stream.tell()

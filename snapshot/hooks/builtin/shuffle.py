@@ -55,8 +55,8 @@ class ShufflerIterator(ResumableIterator):
         self._buffer: list[Any] = []
         self._draining = False
         self._rng = random.Random()
-        #: Input positions parallel to ``_buffer`` (``None``: saved by value).
-        self._positions: list[int | None] | None = None
+        #: Keys (input positions or addresses) parallel to ``_buffer`` (``None``: saved by value).
+        self._positions: list[Any] | None = None
         self._reproducer: Any = _UNDECIDED
         if self._enabled:
             consume_seed(datapipe, self._rng)
@@ -95,9 +95,10 @@ class ShufflerIterator(ResumableIterator):
             return buffer.pop(randint(0, len(buffer) - 1))
         raise StopIteration
 
-    def _next_tracked(self, positions: list[int | None]) -> Any:
+    def _next_tracked(self, positions: list[Any]) -> Any:
         """:meth:`next`, keeping each buffered sample's input position (the same draws)."""
         buffer, src = self._buffer, self._src
+        key = self._reproducer.key
         randint = self._rng.randint
         if not self._draining:
             size = self._size
@@ -106,10 +107,10 @@ class ShufflerIterator(ResumableIterator):
                     index = randint(0, size - 1)
                     value = buffer[index]
                     buffer[index] = x
-                    positions[index] = src.yielded - 1
+                    positions[index] = key()
                     return value
                 buffer.append(x)
-                positions.append(src.yielded - 1)
+                positions.append(key())
             self._draining = True
         if buffer:
             index = randint(0, len(buffer) - 1)
@@ -160,7 +161,7 @@ class ShufflerIterator(ResumableIterator):
                 f"the shuffle buffer at {self.path} was saved by position, but {reproducer}. Restore "
                 "with the graph the snapshot was taken on.")
         values = state[BUFFER]
-        self._buffer = [values[i] if p is None else reproducer(int(p)) for i, p in enumerate(positions)]
+        self._buffer = [values[i] if p is None else reproducer(p) for i, p in enumerate(positions)]
         if self.buffer_state == BufferState.POSITIONS:
             self._positions = list(positions)
             self._reproducer = reproducer

@@ -22,8 +22,8 @@ from typing import Any
 from torch.utils.data.datapipes.utils.common import StreamWrapper
 
 from snapshot.hooks._base import ResumableIterator, Stateless
-from snapshot.hooks.builtin._reader import StreamReading
-from snapshot.hooks.builtin._streams import KIND, address_of, mark, stream_value, tar_after, value_of
+from snapshot.hooks.builtin._reader import KeepsAddresses, StreamReading
+from snapshot.hooks.builtin._streams import KIND, address_of, mark, reopen, stream_value, tar_after, value_of
 
 __all__ = ["DecompressorIterator", "TarArchiveLoaderIterator", "WebDatasetIterator", "ZipArchiveLoaderIterator"]
 
@@ -51,15 +51,33 @@ def _extracting(kind: str, path: str, stream: Any) -> Iterator[None]:
             stream.autoclose()
 
 
-class TarArchiveLoaderIterator(StreamReading):
-    """``load_from_tar``: the file members of each archive; state: the archive's address and the
-    offset of the next member's header."""
+class _MemberLoading(StreamReading):
+    """An archive loader: a sample's address is its member's (a member stream is reopened)."""
 
     streams = "unpacks"
+
+    def fetch(self, address: Any) -> Any:
+        inner, member = address
+        return inner, reopen(member)
+
+
+class TarArchiveLoaderIterator(_MemberLoading):
+    """``load_from_tar``: the file members of each archive; state: the archive's address and the
+    offset of the next member's header."""
 
     def __init__(self, datapipe: Any, inputs: Any):
         super().__init__(datapipe, inputs)
         self._tar: tarfile.TarFile | None = None
+
+    @classmethod
+    def rereads(cls, node: Any, graph: Any) -> str | None:
+        mode = node.datapipe.mode
+        compression = mode.replace("|", ":").partition(":")[2]
+        if compression == "":
+            return super().rereads(node, graph)
+        when = "if it is compressed" if compression == "*" else f"({compression})"
+        return super().rereads(node, graph) or (
+            f"re-inflates its current archive up to the next member {when}; never the archives before it")
 
     def _members(self, path: str, stream: Any, offset: int | None) -> Iterator[Any]:
         with _extracting("tarfile", path, stream):
@@ -74,6 +92,7 @@ class TarArchiveLoaderIterator(StreamReading):
                 inner = os.path.normpath(os.path.join(path, info.name))
                 member = StreamWrapper(extracted, stream, name=inner)
                 where = _member_address(stream, "tar-member", offset=info.offset, mode=self.datapipe.mode, name=inner)
+                self._last = [inner, where] if where is not None else None
                 yield inner, _marked(member, where)
 
     def start(self, path: str, stream: Any) -> Iterator[Any]:
@@ -87,11 +106,9 @@ class TarArchiveLoaderIterator(StreamReading):
         return self._tar.offset
 
 
-class ZipArchiveLoaderIterator(StreamReading):
+class ZipArchiveLoaderIterator(_MemberLoading):
     """``load_from_zip``: the file members of each archive; state: the archive's address and the
     index of the next entry in its central directory."""
-
-    streams = "unpacks"
 
     def __init__(self, datapipe: Any, inputs: Any):
         super().__init__(datapipe, inputs)
@@ -108,7 +125,9 @@ class ZipArchiveLoaderIterator(StreamReading):
                     continue
                 inner = os.path.normpath(os.path.join(path, info.filename))
                 member = StreamWrapper(zips.open(info), stream, name=inner)
-                yield inner, _marked(member, _member_address(stream, "zip-member", index=index, name=inner))
+                where = _member_address(stream, "zip-member", index=index, name=inner)
+                self._last = [inner, where] if where is not None else None
+                yield inner, _marked(member, where)
 
     def start(self, path: str, stream: Any) -> Iterator[Any]:
         return self._members(path, stream, 0)
@@ -125,6 +144,7 @@ class DecompressorIterator(Stateless):
     after it saves the decompressed stream's address and offset)."""
 
     streams = "unpacks"
+    inflates = True
 
     def __init__(self, datapipe: Any, inputs: Any):
         super().__init__(datapipe, inputs)
@@ -150,7 +170,7 @@ KEY = "key"
 ITEMS = "items"
 
 
-class WebDatasetIterator(ResumableIterator):
+class WebDatasetIterator(KeepsAddresses, ResumableIterator):
     """``webdataset``: consecutive members with one prefix grouped into a dict; state: the prefix and
     the members of the sample being grouped (member streams by address)."""
 
@@ -159,6 +179,19 @@ class WebDatasetIterator(ResumableIterator):
         self._sample: dict[str, Any] = {}
         self._current = ""
         self._ended = False
+
+    def fetch(self, address: Any) -> Any:
+        sample = {"__key__": address[KEY]}
+        for suffix, member in address[ITEMS]:
+            sample[suffix] = reopen(member)
+        return sample
+
+    def _yield(self, sample: dict[str, Any]) -> dict[str, Any]:
+        if self._tracking:  # the sample's address: its members' (None if one is not a reopenable stream)
+            members = [[k, address_of(v)] for k, v in sample.items() if k != "__key__"]
+            complete = all(a is not None for _, a in members)
+            self._last = {KEY: sample["__key__"], ITEMS: members} if complete else None
+        return sample
 
     def next(self) -> Any:
         from torchdata.datapipes.iter.util.webdataset import pathsplit
@@ -175,13 +208,13 @@ class WebDatasetIterator(ResumableIterator):
                 self._sample, self._current = {"__key__": prefix}, prefix
                 self._sample[suffix] = data
                 if had:
-                    return done
+                    return self._yield(done)
                 continue
             self._sample[suffix] = data
         self._ended = True
         if self._sample != {}:
             done, self._sample = self._sample, {}
-            return done
+            return self._yield(done)
         raise StopIteration
 
     def buffered(self) -> int:

@@ -1,5 +1,5 @@
 """Hooks for torchdata 0.9's parsers of streams: ``readlines``, ``parse_csv``,
-``parse_csv_as_dict``, ``parse_json_files`` and ``load_from_tfrecord``.
+``parse_csv_as_dict``, ``parse_json_files`` and ``load_from_tfrecord`` (and ``lines_to_paragraphs``).
 
 The line and record readers save the address of the stream they are reading and the byte
 offset after the last line or record they yielded (plus a CSV file's header for
@@ -14,23 +14,29 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from snapshot.hooks._base import Stateless
-from snapshot.hooks.builtin._reader import OffsetReading, StreamReading
+from snapshot.hooks._base import ResumableIterator, Stateless
+from snapshot.hooks.builtin._reader import KeepsAddresses, OffsetReading, StreamReading
+from snapshot.hooks.builtin._streams import address_of, reopen
 
-__all__ = ["CSVParserIterator", "JsonParserIterator", "LineReaderIterator", "TFRecordLoaderIterator"]
+__all__ = ["CSVParserIterator", "JsonParserIterator", "LineReaderIterator", "ParagraphAggregatorIterator",
+           "TFRecordLoaderIterator"]
 
 OFFSET = "offset"
 FIELDNAMES = "fieldnames"
 
 
-def _lines(stream: Any, skip: int) -> Iterator[Any]:
-    """The lines of ``stream`` after the first ``skip`` (as iterating it gives them), read with
-    ``readline`` so that ``tell()`` stays valid; the stream is closed at the end."""
+def _skip(stream: Any, count: int) -> None:
+    """Skip the first ``count`` lines (as the pipes do before their first sample of a stream)."""
+    for _ in range(count):
+        if not stream.readline():
+            return
+
+
+def _lines(stream: Any) -> Iterator[Any]:
+    """The lines of ``stream`` (as iterating it gives them), read with ``readline`` so that
+    ``tell()`` stays valid; the stream is closed at the end."""
     readline = stream.readline
     try:
-        for _ in range(skip):
-            if not readline():
-                return
         while True:
             line = readline()
             if not line:
@@ -44,13 +50,19 @@ class _LineBased(StreamReading):
     """A reader of lines whose position is the byte offset after the last line it used."""
 
     def start(self, path: str, stream: Any) -> Iterator[Any]:
-        return self.samples(path, _lines(stream, self.datapipe._helper._skip_lines), None)
+        _skip(stream, self.datapipe._helper._skip_lines)
+        return self.addressed(stream, self.samples(path, _lines(stream), None))
 
     def resume(self, path: str, address: dict[str, Any], position: Any) -> Iterator[Any]:
         stream = self.reopen(address, position[OFFSET])
-        return self.samples(path, _lines(stream, 0), position)
+        return self.addressed(stream, self.samples(path, _lines(stream), position))
 
-    def samples(self, path: str, lines: Iterator[Any], position: Any) -> Iterator[Any]:
+    def parse(self, path: str, stream: Any, address: dict[str, Any]) -> Iterator[Any]:
+        return self.samples(path, _lines(stream), address, live=False)
+
+    def samples(self, path: str, lines: Iterator[Any], position: Any, live: bool = True) -> Iterator[Any]:
+        """The samples made of ``lines``; ``position`` is a saved position or address (or ``None``
+        at a stream's start); ``live=False`` for :meth:`fetch` (this iterator's position unchanged)."""
         raise NotImplementedError
 
     def position(self) -> Any:
@@ -61,7 +73,7 @@ class LineReaderIterator(_LineBased):
     """``readlines``: the lines of each stream; state: the stream's address and the byte offset
     after the last line yielded."""
 
-    def samples(self, path: str, lines: Iterator[Any], position: Any) -> Iterator[Any]:
+    def samples(self, path: str, lines: Iterator[Any], position: Any, live: bool = True) -> Iterator[Any]:
         helper = self.datapipe._helper
         return iter(helper.return_path(helper.decode(helper.strip_newline(lines)), path=path))
 
@@ -74,27 +86,85 @@ class CSVParserIterator(_LineBased):
         super().__init__(datapipe, inputs)
         self._reader: Any = None
 
-    def samples(self, path: str, lines: Iterator[Any], position: Any) -> Iterator[Any]:
+    def samples(self, path: str, lines: Iterator[Any], position: Any, live: bool = True) -> Iterator[Any]:
         dp, helper = self.datapipe, self.datapipe._helper
         params = dict(dp.fmtparams)
         if position is not None and position.get(FIELDNAMES) is not None:
             params["fieldnames"] = position[FIELDNAMES]
-        self._reader = dp._csv_reader(helper.decode(lines), **params)
-        return iter(helper.return_path(helper.as_tuple(self._reader), path=path))
+        reader = dp._csv_reader(helper.decode(lines), **params)
+        if hasattr(reader, "fieldnames"):
+            reader.fieldnames  # noqa: B018  (reads the header now: a row's offset is then its own)
+        if live:
+            self._reader = reader
+        return iter(helper.return_path(helper.as_tuple(reader), path=path))
+
+    def _fieldnames(self) -> list[str] | None:
+        names = getattr(self._reader, "_fieldnames", None)
+        return list(names) if names is not None else None
 
     def position(self) -> Any:
-        names = getattr(self._reader, "_fieldnames", None)
-        return {OFFSET: self._stream.tell(), FIELDNAMES: list(names) if names is not None else None}
+        return {OFFSET: self._stream.tell(), FIELDNAMES: self._fieldnames()}
+
+    def address_extra(self) -> dict[str, Any]:
+        return {FIELDNAMES: self._fieldnames()}
 
 
-class JsonParserIterator(Stateless):
+class ParagraphAggregatorIterator(ResumableIterator):
+    """``lines_to_paragraphs``: consecutive non-empty lines of one file joined; state: the file and
+    the lines of the paragraph being gathered."""
+
+    def __init__(self, datapipe: Any, inputs: Any):
+        super().__init__(datapipe, inputs)
+        self._file: Any = None
+        self._lines: list[Any] = []
+        self._ended = False
+
+    def next(self) -> Any:
+        if self._ended:
+            raise StopIteration
+        for filename, line in self.inputs[0]:
+            if self._file is None:
+                self._file = filename
+            if line and self._file == filename:
+                self._lines.append(line)
+                continue
+            done, previous = self._lines, self._file
+            self._lines, self._file = ([line] if line else []), filename
+            if done:
+                return previous, self.datapipe.joiner(done)
+        self._ended = True
+        if self._lines:
+            done, self._lines = self._lines, []
+            return self._file, self.datapipe.joiner(done)
+        raise StopIteration
+
+    def buffered(self) -> int:
+        return len(self._lines)
+
+    def get_state(self) -> dict[str, Any]:
+        return {"file": self._file, "lines": list(self._lines), "ended": self._ended}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._file, self._lines, self._ended = state["file"], list(state["lines"]), bool(state["ended"])
+
+
+class JsonParserIterator(KeepsAddresses, Stateless):
     """``parse_json_files``: ``(path, json.loads(stream.read()))`` per stream."""
 
     def next(self) -> Any:
         name, stream = next(self.inputs[0])
+        if self._tracking:
+            address = address_of(stream)
+            self._last = None if address is None else {"name": name, "address": address}
+        return self._parse(name, stream)
+
+    def _parse(self, name: str, stream: Any) -> Any:
         data = stream.read()
         stream.close()
         return name, json.loads(data, **self.datapipe.kwargs)
+
+    def fetch(self, address: Any) -> Any:
+        return self._parse(address["name"], reopen(address["address"]))
 
 
 class TFRecordLoaderIterator(OffsetReading):

@@ -195,12 +195,12 @@ assert restore < plain
 # ## The shuffle buffer: values or addresses
 #
 # The sample shuffle holds up to 50 decoded samples, and by default (`buffer_state="values"`)
-# the snapshot stores them: they are most of its size. `buffer_state="positions"` asks for each
-# buffered sample to be saved by where it came from instead, and read again on restore, where the
-# pipes above the shuffle allow it; where they do not, the shuffle keeps values and the manifest
-# says why. Either way, the restored stream is the same.
+# the snapshot stores them: they are most of its size. With `buffer_state="positions"` each
+# buffered sample is saved as its address instead (its shard and member, and the `map` applied
+# after the reader), and a restore reads it again. Either way, the restored stream is the same.
 
 # %%
+sizes = {}
 for buffer_state in ("values", "positions"):
     dl = loader(buffer_state=buffer_state)
     dl.seed(0)
@@ -214,5 +214,8 @@ for buffer_state in ("values", "positions"):
     assert keys(restored) == uninterrupted[17:]
     restored.shutdown()
     shuffle = snap.manifest["shards"][0]["nodes"]["0/datapipe"]
-    print(f"{buffer_state:9}: {os.path.getsize(f'{buffer_state}.snap') / 1024:6.1f} KiB, "
+    sizes[buffer_state] = os.path.getsize(f"{buffer_state}.snap")
+    print(f"{buffer_state:9}: {sizes[buffer_state] / 1024:6.1f} KiB, "
           f"{shuffle['buffered']} samples buffered, saved as: {shuffle['buffer_state']}")
+assert shuffle["buffer_state"] == "positions"
+assert sizes["positions"] < sizes["values"] / 2

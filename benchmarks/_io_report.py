@@ -21,7 +21,7 @@ from benchmarks.common import table
 __all__ = ["HEADERS", "budgets", "mb", "rows", "tables"]
 
 HEADERS = ["pipeline", "workers", "at", "plain", "ff", "ours", "ours pos", "ff/ours", "read plain", "read ff",
-           "read ours", "snap values", "snap pos", "replayed", "exact"]
+           "read ours", "read pos", "snap values", "snap pos", "replayed", "exact"]
 
 
 def ms(s: float) -> str:
@@ -39,7 +39,8 @@ def x(a: float, b: float) -> str:
 def rows(results: list[dict[str, Any]]) -> list[list[str]]:
     return [[r["pipeline"], str(r["workers"]), f"{r['at']:.0%}", ms(r["plain_s"]), ms(r["ff_s"]), ms(r["ours_s"]),
              ms(r["ours_positions_s"]), x(r["ff_s"], r["ours_s"]), mb(r["plain_read"]), mb(r["ff_read"]),
-             mb(r["ours_read"]), mb(r["snapshot_values"]), mb(r["snapshot_positions"]), str(r["replayed"]),
+             mb(r["ours_read"]), mb(r["ours_positions_read"]), mb(r["snapshot_values"]), mb(r["snapshot_positions"]),
+             str(r["replayed"]),
              "yes" if r["exact"] else "NO"] for r in results]
 
 

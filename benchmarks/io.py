@@ -15,7 +15,7 @@ worker processes (``2``). At 10, 50 and 90 % of an epoch, side by side in one ru
 - *ours*: ``restore_snapshot(file)`` (``strategy="auto"``, the default) of the snapshot saved
   with ``buffer_state="values"``, to the first batch (median of ``--repeat``);
 - *ours pos*: the same for the snapshot saved with ``buffer_state="positions"`` (shuffle
-  buffers as the addresses of their samples where the plan can form them);
+  buffers as the addresses of their samples where the plan can form them; *read pos* its bytes);
 - *read*: bytes read by the restoring process and its worker processes, from the loader's
   construction to the first batch: the ``rchar`` field of ``/proc/PID/io`` (every byte
   returned by ``read``-like system calls, from the page cache or the disk, so a warm cache

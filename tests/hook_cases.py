@@ -277,6 +277,18 @@ def mod5(x):
     return x % 5
 
 
+def csv_both(root: str):
+    return td.Concater(csv_rows(root, False), csv_rows(root, True))
+
+
+def compressed_lines(root: str):
+    return td.Concater(corpus_case("bz2_lines", root), corpus_case("xz_paragraphs", root))
+
+
+def both_savers(root: str):
+    return td.Concater(saved(root, False), saved(root, True))
+
+
 def slow_square(x):
     return x * x
 
@@ -310,8 +322,7 @@ TORCHDATA: dict[str, Callable[..., Any]] = {} if td is None else {
     "tar_webdataset": functools.partial(tar_webdataset, DATA),
     "zip_members": functools.partial(zip_members, DATA),
     "gzip_lines": functools.partial(gzip_lines, DATA),
-    "csv_rows": functools.partial(csv_rows, DATA, False),
-    "csv_dicts": functools.partial(csv_rows, DATA, True),
+    "csv_rows_and_dicts": functools.partial(csv_both, DATA),
     "json_files": functools.partial(json_files, DATA),
     "shard_expand": functools.partial(shard_names, DATA),
     "fsspec_chunks": functools.partial(fsspec_chunks, DATA),
@@ -319,16 +330,12 @@ TORCHDATA: dict[str, Callable[..., Any]] = {} if td is None else {
                                                   scheduled_tasks=5, max_workers=2),
     "async_map_batches": lambda: td.BatchAsyncMapper(IterableWrapper(range(17)), async_square, batch_size=4),
     "tfrecords": functools.partial(tfrecords, DATA),
-    "bz2_lines": functools.partial(corpus_case, "bz2_lines", DATA),
-    "xz_paragraphs": functools.partial(corpus_case, "xz_paragraphs", DATA),
+    "bz2_lines_xz_paragraphs": functools.partial(compressed_lines, DATA),
     "check_hash": functools.partial(corpus_case, "checked_csv", DATA),
-    "save_to_disk": functools.partial(saved, DATA, False),
-    "save_by_fsspec": functools.partial(saved, DATA, True),
-    "drop": lambda: td.Dropper(td.Mapper(IterableWrapper(range(8)), as_row), [1, 3]),
-    "flatten": lambda: td.Flattener(td.Mapper(IterableWrapper(range(8)), record)),
-    "slice": lambda: td.Slicer(td.Mapper(IterableWrapper(range(8)), as_row), 1, 3),
-    "rows2columnar": lambda: td.Rows2Columnar(Batcher(td.Mapper(IterableWrapper(range(10)), as_row), 3),
-                                              ["w", "x", "y", "z"]),
+    "save_to_disk_and_by_fsspec": functools.partial(both_savers, DATA),
+    "flatten_drop_slice_rows2columnar": lambda: td.Rows2Columnar(Batcher(td.Slicer(td.Dropper(
+        td.Flattener(td.Mapper(IterableWrapper(range(10)), record)), ["e"]), ["a", "c"]), 3)),
+    "drop_slice_tuples": lambda: td.Slicer(td.Dropper(td.Mapper(IterableWrapper(range(8)), as_row), [1]), 0, 2),
     "zip_with_map": lambda: td.MapKeyZipper(Shuffler(IterableWrapper(range(12)), buffer_size=3),
                                             SequenceWrapper(list(range(100, 105))), mod5),
 }

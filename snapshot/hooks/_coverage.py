@@ -71,7 +71,9 @@ REASONS: dict[str, str] = {
                                 "list_files_by_fsspec, which has a hook); replayed from the start of the epoch",
     "S3FileLoaderIterDataPipe": "needs torchdata's S3 extension, which the 0.9 wheels do not ship (use "
                                 "open_files_by_fsspec with s3fs: restored by URL, ETag and offset); replayed",
-    "HTTPReaderIterDataPipe": _NETWORK + "; its response stream cannot seek, so a reader after it replays too",
+    "HTTPReaderIterDataPipe": "not hooked yet: its response stream cannot seek, and its tell() counts bytes on "
+                              "the wire rather than bytes read, so a reader after it could not save an offset; "
+                              "replayed, with the readers after it",
     "OnlineReaderIterDataPipe": _NETWORK + "; its response stream cannot seek, so a reader after it replays too",
     "GDriveReaderDataPipe": _NETWORK + "; its response stream cannot seek, so a reader after it replays too",
     "HuggingFaceHubReaderIterDataPipe": "needs the datasets package and the Hub (neither reachable here); "

@@ -13,7 +13,7 @@ from abc import abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from snapshot.errors import SerializationError
+from snapshot.errors import RestoreError, SerializationError
 from snapshot.hooks._base import ResumableIterator
 from snapshot.hooks._registry import hook_for
 from snapshot.hooks.builtin._streams import address_of, check_unchanged, reopen
@@ -147,9 +147,6 @@ class StreamReading(KeepsAddresses, ResumableIterator):
     def position(self) -> Any:
         """Where the current stream stands (plain data), between two samples."""
 
-    def finish(self) -> None:
-        """Called when the current stream has no more samples."""
-
     def next(self) -> Any:
         while True:
             if self._samples is None:
@@ -164,7 +161,6 @@ class StreamReading(KeepsAddresses, ResumableIterator):
             try:
                 return next(self._samples)
             except StopIteration:
-                self.finish()
                 self._samples = self._stream = None
 
     def reopen(self, address: dict[str, Any], offset: Any = None) -> Any:
@@ -186,6 +182,11 @@ class StreamReading(KeepsAddresses, ResumableIterator):
         return {PATH: self._path, ADDRESS: address, AT: self.position()}
 
     def set_state(self, state: dict[str, Any]) -> None:
+        if ADDRESS not in state and state.get(PATH) is not None:  # saved before streams had addresses
+            raise RestoreError(
+                f"the DataPipe at {self.path} ({type(self.datapipe).__name__}) was saved by an older version of "
+                f"snapshot, as a path and a count, in the middle of {state[PATH]}; restore this snapshot with "
+                "strategy='fast_forward'.")
         if state.get(ADDRESS) is None:
             return
         check_unchanged(state[ADDRESS])

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from torch.utils.data.datapipes.utils.common import StreamWrapper
+from torchdata.datapipes.iter.util.webdataset import pathsplit
 
 from snapshot.hooks._base import ResumableIterator, Stateless
 from snapshot.hooks.builtin._reader import KeepsAddresses, StreamReading
@@ -194,8 +195,6 @@ class WebDatasetIterator(KeepsAddresses, ResumableIterator):
         return sample
 
     def next(self) -> Any:
-        from torchdata.datapipes.iter.util.webdataset import pathsplit
-
         if self._ended:
             raise StopIteration
         for path, data in self.inputs[0]:

@@ -16,6 +16,7 @@ import posixpath
 from typing import Any
 
 from torch.utils.data.datapipes.utils.common import StreamWrapper, match_masks
+from torchdata.datapipes.iter.util.shardexpander import _shard_expand
 
 from snapshot.hooks._base import Expanding, Stateless
 from snapshot.hooks.builtin._streams import KIND, changed, fsspec_version, mark, register_kind
@@ -27,8 +28,6 @@ class ShardExpanderIterator(Expanding):
     """``shard_expand``: the names a brace pattern expands to; state: the names not yet yielded."""
 
     def next(self) -> Any:
-        from torchdata.datapipes.iter.util.shardexpander import _shard_expand
-
         while not self._pending:
             self._pending.extend(_shard_expand(next(self.inputs[0])))
         return self._pending.popleft()

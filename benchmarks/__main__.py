@@ -1,14 +1,19 @@
-"""``python -m benchmarks {restore,iterate,workers,distributed,scale,all} [--json PATH] [--repeat N]``."""
+"""``python -m benchmarks {restore,iterate,workers,distributed,scale,io,all} [--json PATH] [--repeat N]``.
+
+``io`` takes more options: ``--size 20MB`` (the corpus; up to GBs), ``--pipelines tar,jsonl.gz``,
+``--modes 0,2`` (in-process, 2 workers), ``--positions 0.1,0.5,0.9``, ``--peer-python NAME=PYTHON``
+(repeatable) or ``--peers-dir DIR``; see ``benchmarks/io.py``. ``all`` runs ``io`` at its defaults.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from benchmarks import distributed, iterate, restore, scale, workers
+from benchmarks import distributed, io, iterate, restore, scale, workers
 
 SUITES = {"restore": restore.run, "iterate": iterate.run, "workers": workers.run, "distributed": distributed.run,
-          "scale": scale.run}
+          "scale": scale.run, "io": io.run}
 
 
 def main() -> None:
@@ -16,11 +21,23 @@ def main() -> None:
     parser.add_argument("which", choices=[*SUITES, "all"])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", help="also write all figures to this JSON file")
+    group = parser.add_argument_group("io")
+    group.add_argument("--size", default="20MB", help="io: the corpus's size (20MB, 1GB, ...)")
+    group.add_argument("--pipelines", default=",".join(io.PIPELINES), help="io: comma-separated pipelines")
+    group.add_argument("--modes", default="0,2", help="io: worker counts, comma-separated (0 = in-process)")
+    group.add_argument("--peer-python", action="append", metavar="NAME=PYTHON",
+                       help="io: run a peer (datasets, litdata, streaming) with this Python")
+    group.add_argument("--peers-dir", help="io: virtualenvs of the peers: DIR/hf, DIR/litdata, DIR/streaming")
+    group.add_argument("--positions", default="0.1,0.5,0.9", help="io: cut points, fractions of the epoch")
     args = parser.parse_args()
+    io_options = {"size": args.size, "pipelines": args.pipelines, "modes": args.modes,
+                  "peer_python": args.peer_python, "peers_dir": args.peers_dir,
+                  "positions": tuple(float(p) for p in args.positions.split(","))}
     chosen = list(SUITES) if args.which == "all" else [args.which]
     results = {}
     for name in chosen:
-        results[name] = SUITES[name](repeat=args.repeat)
+        options = io_options if name == "io" else {}
+        results[name] = SUITES[name](repeat=args.repeat, **options)  # type: ignore[operator]
         print()
     if args.json:
         with open(args.json, "w") as f:

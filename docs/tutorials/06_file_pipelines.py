@@ -1,0 +1,1 @@
+../../tutorials/06_file_pipelines.py

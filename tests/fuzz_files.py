@@ -97,6 +97,15 @@ def read(sample: Any) -> Any:
     return (os.path.basename(str(path)), data)
 
 
+def tar_names(sample: Any) -> Any:
+    """``(path, TarFile)`` (what ``extract`` yields for a tar) as the path's base name and the member names."""
+    path, tar = sample
+    try:
+        return (os.path.basename(str(path)), tuple(tar.getnames()))
+    finally:
+        tar.close()
+
+
 def read_members(sample: dict[str, Any]) -> tuple[Any, ...]:
     """A WebDataset sample with each member read."""
     out = []
@@ -169,7 +178,7 @@ def source(kind: str, root: str) -> Any:
     if kind == "decompress":
         return Mapper(td.Decompressor(_opened(root, "comp", "*")), read)
     if kind == "extract":
-        return Mapper(td.Extractor(_opened(root, "arch", "*.tar"), file_type="tar"), read)
+        return Mapper(td.Extractor(_opened(root, "arch", "*.tar"), file_type="tar"), tar_names)
     if kind == "webdataset":
         return Mapper(td.WebDataset(td.TarArchiveLoader(_opened(root, "wds", "*.tar"))), read_members)
     if kind == "fsspec":

@@ -28,12 +28,16 @@ import io
 import json
 import os
 import pickle
+import random
+import re
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
+
+import torch
 
 import snapshot
 from snapshot.testing import first_difference
@@ -71,8 +75,15 @@ def reproducer(case: dict[str, Any]) -> str:
 
 
 def _short(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
-    return text if len(text) < 400 else text[:397] + "..."
+    """One line: the error, and for an error raised in a worker the last line of its traceback."""
+    text = f"{type(exc).__name__}: {exc}"
+    if "Traceback" in text:
+        head, _, trace = text.partition("Traceback")
+        lines = trace.splitlines()
+        starts = [i for i, line in enumerate(lines) if re.match(r"[\w.]+(Error|Exception|Exit):", line)]
+        text = head.strip() + " ... " + " ".join(line.strip() for line in lines[starts[-1] if starts else -1:])
+    text = text.replace("\n", " ")
+    return text if len(text) < 500 else text[:497] + "..."
 
 
 def _is_refusal(exc: BaseException) -> bool:
@@ -260,7 +271,22 @@ def run_jobs(jobs: list[dict[str, Any]], timeout: float = 600) -> list[tuple[str
 
 
 def run(cases: list[dict[str, Any]], root: str, batch: int = 40, log: Any = None) -> list[Outcome]:
-    """Every case of ``cases``, with restores batched ``batch`` jobs to a process."""
+    """Every case of ``cases``, with restores batched ``batch`` jobs to a process.
+
+    The global generators start from fixed states (and are put back after), so a graph that
+    wrongly draws from them fails the same way whatever ran before in this process.
+    """
+    saved = random.getstate(), torch.get_rng_state()
+    random.seed(0)
+    torch.manual_seed(0)
+    try:
+        return _run(cases, root, batch, log)
+    finally:
+        random.setstate(saved[0])
+        torch.set_rng_state(saved[1])
+
+
+def _run(cases: list[dict[str, Any]], root: str, batch: int, log: Any) -> list[Outcome]:
     outcomes: list[Outcome] = []
     jobs: list[dict[str, Any]] = []
 
@@ -282,12 +308,18 @@ def run(cases: list[dict[str, Any]], root: str, batch: int = 40, log: Any = None
     return sorted(outcomes, key=lambda o: o.case)
 
 
+def _gist(detail: str) -> str:
+    """The part of a message that names the reason (for a worker's error, its own error)."""
+    text = detail.split(" ... ")[-1]
+    return re.sub(r"\d+", "N", text)[:130]
+
+
 def table(outcomes: list[Outcome], cases: list[dict[str, Any]]) -> str:
     """The counts (per cut) and every finding with its reproducer."""
     counts = collections.Counter(o.outcome for o in outcomes)
     lines = [f"{len(cases)} cases, {len(outcomes)} outcomes: "
              + ", ".join(f"{counts.get(k, 0)} {k}" for k in OUTCOMES)]
-    refusals = collections.Counter(f"{o.stage}: {o.detail[:110]}" for o in outcomes if o.outcome == "refused")
+    refusals = collections.Counter(f"{o.stage}: {_gist(o.detail)}" for o in outcomes if o.outcome == "refused")
     if refusals:
         lines.append("refusals (most common first):")
         lines += [f"  {n:4d} x {text}" for text, n in refusals.most_common(25)]

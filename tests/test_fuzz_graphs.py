@@ -12,6 +12,7 @@ The draw is derandomized (hypothesis, fixed seed): the same cases every run. Run
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -25,19 +26,41 @@ pytest.importorskip("torchdata.datapipes.iter")
 import snapshot
 from tests import fuzz_grammar, fuzz_oracle
 
-EXAMPLES = int(os.environ.get("SNAPSHOT_FUZZ_EXAMPLES", "40"))
-CASES = fuzz_grammar.draw_cases(EXAMPLES)
+DEFAULT_EXAMPLES = 40
+EXAMPLES = int(os.environ.get("SNAPSHOT_FUZZ_EXAMPLES", str(DEFAULT_EXAMPLES)))
 
-#: Cases known to be wrong, by index in the small draw, each with the issue that fixes it.
-KNOWN: dict[int, str] = {}
+
+@functools.cache
+def cases() -> list[dict[str, Any]]:
+    """The drawn cases (drawn once, on first use: collecting this file draws nothing)."""
+    return fuzz_grammar.draw_cases(EXAMPLES)
+
+
+REITER = ("issue 22 item 2 (re-iterated random pipes, `reiter`): a cycle over a random pipe draws its "
+          "next pass's seed from torch's global generator")
+#: Cases of the default draw known to be wrong, by their one-line JSON, each with the issue that
+#: fixes it: such a case fails as an xfail (strict=False: it may pass, as these are not always wrong).
+KNOWN: dict[str, str] = {
+    '{"graph":["cycle",[2],["bucketbatch",[2,true,2,1,false],["shard",[],["sampler",[2]]]]],"seed":1447,'
+    '"save_on":"inproc","restore_on":"mp1","cuts":[[0,"end",0],[1,"after_end",0]],"strategy":"fast_forward",'
+    '"rebuild":"pickle"}': REITER,
+    '{"graph":["shard",[],["cycle",[2],["shuffle",[2],["seqmap",[2]]]]],"seed":2,"save_on":"inproc_L2",'
+    '"restore_on":"mp2","cuts":[[0,"end",0]],"strategy":"auto","rebuild":"code"}': REITER,
+    '{"graph":["shard",[],["cycle",[2],["shuffle",[5],["range",[2]]]]],"seed":2,"save_on":"mp2_L3",'
+    '"restore_on":"inproc","cuts":[[0,"at",0],[0,"after_end",0]],"strategy":"auto","rebuild":"code"}': REITER,
+}
+
+
+def _line(case: dict[str, Any]) -> str:
+    return json.dumps(case, separators=(",", ":"))
 
 
 @pytest.fixture(scope="module")
 def outcomes() -> Iterator[dict[int, list[fuzz_oracle.Outcome]]]:
     with tempfile.TemporaryDirectory(prefix="fuzz-data-") as root:
-        found = fuzz_oracle.run(CASES, root)
-    print("\n" + fuzz_oracle.table(found, CASES))
-    by_case: dict[int, list[fuzz_oracle.Outcome]] = {i: [] for i in range(len(CASES))}
+        found = fuzz_oracle.run(cases(), root)
+    print("\n" + fuzz_oracle.table(found, cases()))
+    by_case: dict[int, list[fuzz_oracle.Outcome]] = {i: [] for i in range(len(cases()))}
     for o in found:
         by_case[o.case].append(o)
     yield by_case
@@ -52,21 +75,25 @@ def _unseeded_sample_mux(graph: Any) -> bool:
     return any(_unseeded_sample_mux(child) for child in graph[2:])
 
 
-def _params() -> list[Any]:
-    return [pytest.param(i, id=f"case{i}", marks=[pytest.mark.xfail(reason=KNOWN[i], strict=False)]
-                         if i in KNOWN else []) for i in range(len(CASES))]
-
-
-@pytest.mark.parametrize("index", _params())
+@pytest.mark.parametrize("index", range(EXAMPLES), ids=lambda i: f"case{i}")
 def test_case(index: int, outcomes: dict[int, list[fuzz_oracle.Outcome]]) -> None:
-    case = CASES[index]
+    case = cases()[index]
     mine = outcomes[index]
     assert mine, "no outcome recorded"
     problems = [o for o in mine if o.outcome in fuzz_oracle.FINDINGS]
     if not _unseeded_sample_mux(case["graph"]):
         problems += [o for o in mine if o.outcome == "irreproducible"]
-    assert not problems, "\n".join(
+    message = "\n".join(
         [f"{o.outcome} [{o.cut}] at {o.stage}: {o.detail}" for o in problems] + [fuzz_oracle.reproducer(case)])
+    if problems and _line(case) in KNOWN:
+        pytest.xfail(f"{KNOWN[_line(case)]}\n{message}")
+    assert not problems, message
+
+
+@pytest.mark.skipif(EXAMPLES != DEFAULT_EXAMPLES, reason="the known cases are cases of the default draw")
+def test_the_known_cases_are_still_drawn() -> None:
+    drawn = {_line(c) for c in cases()}
+    assert [line for line in KNOWN if line not in drawn] == [], "remove these from KNOWN: no longer drawn"
 
 
 def test_every_pipe_of_the_coverage_table_is_drawn_or_excluded_with_a_reason() -> None:
@@ -79,7 +106,7 @@ def test_every_pipe_of_the_coverage_table_is_drawn_or_excluded_with_a_reason() -
 
 
 def test_a_case_rebuilds_from_its_one_line_reproducer() -> None:
-    case = CASES[-1]
+    case = cases()[-1]
     line = fuzz_oracle.reproducer(case)
     assert json.loads(line.split("--case ", 1)[1].strip("'")) == case
     with tempfile.TemporaryDirectory() as root:
@@ -89,7 +116,7 @@ def test_a_case_rebuilds_from_its_one_line_reproducer() -> None:
 
 
 def test_the_draw_is_the_same_every_time() -> None:
-    assert fuzz_grammar.draw_cases(EXAMPLES) == CASES
+    assert fuzz_grammar.draw_cases(EXAMPLES) == cases()
 
 
 # -- the oracle can fail -------------------------------------------------------------------------

@@ -17,6 +17,12 @@ TD_STAMP := $(TD_VENV)/.installed
 # An editable install that type checkers can follow: a static .pth entry instead of
 # setuptools' default import hook, which mypy and pyright cannot see through.
 EDITABLE := --config-settings editable_mode=compat -e
+# The index torch is installed from: pip's own (PyPI unless pip is configured otherwise) when
+# unset. Which build that is depends on the index: PyPI serves a CUDA build on Linux x86-64 and
+# a CPU build on macOS and Windows. Choose one, e.g.
+#   make demo TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+TORCH_INDEX_URL ?=
+TORCH_INDEX := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 # the distribution's former name (an older checkout installed it as `snapshot`): removed first,
 # so that one installation provides the package
 UNINSTALL_OLD = -m pip uninstall --quiet -y snapshot >/dev/null 2>&1 || true
@@ -26,21 +32,21 @@ UNINSTALL_OLD = -m pip uninstall --quiet -y snapshot >/dev/null 2>&1 || true
 # torch first, then everything with torch pinned: pip must never replace the CPU build
 $(DEMO_STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet "torch==2.13.0"
+	$(BIN)/python -m pip install --quiet "torch==2.13.0" $(TORCH_INDEX)
 	$(BIN)/python $(UNINSTALL_OLD)
 	$(BIN)/python -m pip install --quiet "torch==2.13.0" $(EDITABLE) ".[demo]"
 	touch $(DEMO_STAMP)
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet "torch==2.13.0"
+	$(BIN)/python -m pip install --quiet "torch==2.13.0" $(TORCH_INDEX)
 	$(BIN)/python $(UNINSTALL_OLD)
 	$(BIN)/python -m pip install --quiet "torch==2.13.0" $(EDITABLE) ".[dev]"
 	touch $(DEMO_STAMP) $(STAMP)
 
 $(TD_STAMP): setup.py
 	$(PYTHON) -m venv $(TD_VENV)
-	$(TD_VENV)/bin/python -m pip install --quiet "torch==2.13.0"
+	$(TD_VENV)/bin/python -m pip install --quiet "torch==2.13.0" $(TORCH_INDEX)
 	$(TD_VENV)/bin/python $(UNINSTALL_OLD)
 	$(TD_VENV)/bin/python -m pip install --quiet "torch==2.13.0" $(EDITABLE) ".[dev-torchdata-nodes]"
 	touch $(TD_STAMP)
@@ -68,8 +74,9 @@ test: lint typecheck unit unit-torchdata
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks all
 
+# NO_MKDOCS_2_WARNING: mkdocs-material's end-of-life notice, printed on every build, is news, not a problem
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) $(TD_VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

@@ -14,9 +14,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from snapshot import _atomic, _object_directory, _progress, _sources, format, multipart
+from snapshot import _atomic, _object_directory, _progress, _sources, format, multipart, schema
 from snapshot.capture import Snapshot
-from snapshot.errors import CorruptSnapshotError, SnapshotFileError
+from snapshot.errors import CorruptSnapshotError, ManifestError, SnapshotFileError
 
 __all__ = ["load", "merge_parts", "save"]
 
@@ -58,7 +58,8 @@ def merge_parts(manifest: dict[str, Any], parts: list[Snapshot]) -> Snapshot:
                        "lookahead": p.state["lookahead"]} for i, p in enumerate(parts)]
     services = [p.state["service"] for p in parts]
     if services[0]:
-        shards: list[Any] = [None] * int(services[0]["layout"]["logical_shards"])
+        layout = services[0]["layout"]
+        shards: list[Any] = [None] * int(layout.get("units", layout["logical_shards"]))
         for service in services:
             for index, record in enumerate(service["shards"]):
                 if record is not None:
@@ -69,6 +70,16 @@ def merge_parts(manifest: dict[str, Any], parts: list[Snapshot]) -> Snapshot:
                              for i, service in enumerate(services)])
         state["service"] = merged
     return Snapshot(manifest, state, first.graph, first.service, b"", parts=parts)
+
+
+def _decode(container: format.Container, source: str) -> Snapshot:
+    """The snapshot in a verified container, refused unless its manifest describes its payload's state."""
+    snap = Snapshot.from_container(container, source=source)
+    try:
+        container.info.check_state(schema.SavedState.from_dict(snap.state), source=source)
+    except ManifestError as exc:
+        raise exc.at(source) from None
+    return snap
 
 
 _LOADABLE = ("a path (str or os.PathLike) to a snapshot file or a distributed snapshot's directory, a binary "
@@ -91,10 +102,10 @@ def load(src: Any, *, key: bytes | str | None = None) -> Snapshot:
         raise TypeError(f"snapshot.load() reads {_LOADABLE}; got a {type(src).__name__}")
     if _object_directory.is_directory(src):
         manifest, containers = _object_directory.read_parts(str(src), key=key)
-        return merge_parts(manifest, [Snapshot.from_container(c, source=str(src)) for c in containers])
+        return merge_parts(manifest, [_decode(c, str(src)) for c in containers])
     if multipart.is_directory_snapshot(src):
         index, containers = multipart.read_parts(src, key=key)
-        return merge_parts(index.manifest, [Snapshot.from_container(c, source=str(src)) for c in containers])
+        return merge_parts(index.manifest, [_decode(c, str(src)) for c in containers])
     if isinstance(src, Mapping):
         container = format.from_state_dict(src, key=key)
         source = "<state_dict>"
@@ -105,8 +116,11 @@ def load(src: Any, *, key: bytes | str | None = None) -> Snapshot:
                 raise CorruptSnapshotError(
                     f"the state dict's index lists {len(container.info.parts)} parts but its payload holds "
                     f"{len(blobs)}", source=source)
-            parts = [load(part, key=key) for part in blobs]
-            return merge_parts(container.manifest, parts)
+            containers = [format.unpack(blob, source=f"{source}: {entry.file}", key=key)
+                          for entry, blob in zip(container.info.parts, blobs)]
+            for entry, part in zip(container.info.parts, containers):
+                multipart.check_part(container.info, entry, part.info, source=source)
+            return merge_parts(container.manifest, [_decode(part, source) for part in containers])
     elif isinstance(src, (bytes, bytearray, memoryview)):
         container = format.unpack(bytes(src), source="<bytes>", key=key)
         source = "<bytes>"
@@ -116,4 +130,4 @@ def load(src: Any, *, key: bytes | str | None = None) -> Snapshot:
         except OSError as exc:
             raise SnapshotFileError(f"cannot read the snapshot: {exc}", source=str(src)) from exc
         source = str(getattr(src, "name", src))
-    return Snapshot.from_container(container, source=source)
+    return _decode(container, source)

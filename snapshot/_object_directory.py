@@ -23,13 +23,12 @@ from typing import Any
 
 from snapshot import _sources, _storage, format
 from snapshot.errors import CorruptSnapshotError, RankError, SnapshotError, SnapshotFileError
-from snapshot.multipart import distributed_manifest, part_info
+from snapshot.multipart import check_part, distributed_manifest, part_info, stamp
 
 __all__ = ["PREFIX", "is_directory", "read_parts", "save_directory"]
 
 #: The index's key naming the prefix its parts live under.
 PREFIX = "parts_prefix"
-_PART_NAME = re.compile(r"rank-\d{5}\.snap")
 _TOKEN = re.compile(r"[0-9a-f]{12}")
 
 
@@ -45,21 +44,21 @@ def is_directory(url: Any) -> bool:
 def read_parts(url: str, *, key: bytes | str | None = None) -> tuple[dict[str, Any], list[format.Container]]:
     """The global manifest and every rank's part, each verified against the index."""
     index = _index(url)
-    manifest = _sources.read_container(index, key=key).manifest
+    container = _sources.read_container(index, key=key)
+    manifest = container.manifest
     prefix = manifest.get(PREFIX)
     if not isinstance(prefix, str) or not _TOKEN.fullmatch(prefix):
         raise CorruptSnapshotError(f"the index names no valid parts prefix ({prefix!r})", source=index)
     parts = []
-    for entry in manifest.get("parts", []):
-        name = entry.get("file") if isinstance(entry, dict) else None
-        if not isinstance(name, str) or not _PART_NAME.fullmatch(name):
-            raise CorruptSnapshotError(f"the index lists a part named {name!r}, which is not a part file name",
-                                       source=index)
-        part_url = f"{url.rstrip('/')}/{prefix}/{name}"
+    for entry in container.info.parts:  # the schema checked each name: a part file name, never a path
+        part_url = f"{url.rstrip('/')}/{prefix}/{entry.file}"
         data = _storage.read_bytes(part_url)
-        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-            raise CorruptSnapshotError(f"{name} does not match the digest the index recorded for it", source=url)
-        parts.append(format.unpack(data, source=part_url, key=key))
+        if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
+            raise CorruptSnapshotError(f"{entry.file} does not match the digest the index recorded for it",
+                                       source=url)
+        part = format.unpack(data, source=part_url, key=key)
+        check_part(container.info, entry, part.info, source=url)
+        parts.append(part)
     if not parts:
         raise CorruptSnapshotError("the index lists no parts", source=index)
     return manifest, parts
@@ -71,11 +70,13 @@ def save_directory(collective: Any, part: bytes, manifest: dict[str, Any], dest:
     url = dest.rstrip("/")
     token = collective.broadcast(uuid.uuid4().hex[:12], "agreeing on a snapshot prefix")
     error = None
+    pieces = [part]
     try:
-        _storage.write_bytes(f"{url}/{token}/rank-{collective.rank:05d}.snap", [part])
+        pieces = stamp(part, token, key=key)  # the part carries the id of this save, as the index does
+        _storage.write_bytes(f"{url}/{token}/rank-{collective.rank:05d}.snap", pieces)
     except SnapshotError as exc:
         error = str(exc)
-    infos = collective.all_gather({**part_info(collective.rank, manifest, part), "error": error},
+    infos = collective.all_gather({**part_info(collective.rank, manifest, pieces), "error": error},
                                   "writing the parts of a snapshot")
     failed = [i for i in infos if i["error"]]
     if failed:
@@ -91,7 +92,7 @@ def save_directory(collective: Any, part: bytes, manifest: dict[str, Any], dest:
                     previous = _sources.read_manifest(_index(url)).get(PREFIX)
                 except SnapshotFileError:
                     previous = None
-            index = {**distributed_manifest(infos), PREFIX: token}
+            index = {**distributed_manifest(infos, save=token), PREFIX: token}
             _storage.write_bytes(_index(url), format.pack_parts(index, b"", key=key))
             if isinstance(previous, str) and _TOKEN.fullmatch(previous) and previous != token:
                 _storage.remove(f"{url}/{previous}")

@@ -288,10 +288,12 @@ def unpack(
     if with_payload:
         payload = data[_PREFIX + mlen:_PREFIX + mlen + plen]
         if not hmac.compare_digest(_sha256(payload), pdigest):
+            # a digest of the whole payload cannot say which byte changed: name the range it covers
             raise CorruptSnapshotError(
-                "the payload checksum does not match: the file was altered or damaged on disk; "
-                "nothing was unpickled. Use an earlier snapshot.",
-                source=source, offset=_PREFIX + mlen,
+                f"the payload checksum does not match: some byte in the payload (bytes {_PREFIX + mlen:,} to "
+                f"{_PREFIX + mlen + plen - 1:,} of the file) was altered or damaged on disk; nothing was "
+                "unpickled. Use an earlier snapshot.",
+                source=source,
             )
     return Container(manifest, payload, signed, len(data), info)
 

@@ -10,7 +10,11 @@
 Each rank writes its part into a fresh staging directory; rank 0 writes the manifest last
 and then replaces the link in one ``rename``. A crash at any point leaves the link pointing
 at the previous complete directory. Readers check every part against the digest the
-manifest records for it.
+manifest records for it, and against the save: the ranks agree on a save id (the staging
+directory's token) that each part carries in its own manifest (``save``, :func:`stamp`) and
+the index too, so a part copied in from another save is refused even when the index's
+digest was updated to match it (:func:`check_part`). Directories written before save ids
+carry none in the index nor in the parts, and still load.
 
 The same parts also travel joined in one payload (a distributed snapshot's state dict):
 :func:`join_parts` and :func:`split_parts`. The index is rank 0's manifest with every
@@ -32,8 +36,8 @@ from typing import Any
 from snapshot import _sources, format, schema
 from snapshot.errors import CorruptSnapshotError, SnapshotFileError, TruncatedSnapshotError
 
-__all__ = ["MANIFEST", "commit", "distributed_manifest", "is_directory_snapshot", "join_parts", "part_info",
-           "part_name", "parts_state_dict", "read_parts", "split_parts", "staging"]
+__all__ = ["MANIFEST", "check_part", "commit", "distributed_manifest", "is_directory_snapshot", "join_parts",
+           "part_info", "part_name", "parts_state_dict", "read_parts", "split_parts", "stamp", "staging"]
 
 MANIFEST = format.DIRECTORY_MANIFEST
 part_name = schema.part_name
@@ -115,15 +119,42 @@ def read_parts(src: str, *, key: bytes | str | None = None) -> tuple[format.Cont
                 f"sha256 {entry.sha256[:16]}...): the directory mixes parts of different saves, or a part "
                 "was altered. Use another snapshot", source=root)
         part = format.unpack(data, source=part_path, key=key)
-        if part.info.is_index:
-            raise CorruptSnapshotError(f"{entry.file} is an index, not a rank's part", source=root)
-        rank = part.info.service.rank
-        if rank is not None and rank != entry.rank:
-            raise CorruptSnapshotError(
-                f"{entry.file} holds rank {rank}'s part, where the index expects rank {entry.rank}'s",
-                source=root)
+        check_part(index.info, entry, part.info, source=root)
         parts.append(part)
     return index, parts
+
+
+def check_part(index: schema.Manifest, entry: schema.PartRecord, part: schema.Manifest, *, source: str) -> None:
+    """Refuse a part (its checksums verified) that is not the one ``index`` lists as ``entry``: an index,
+    another rank's part, a part of another save (its save id, or its position, differs from the index's)."""
+    name = f"{entry.file} (rank {entry.rank})"
+    if part.is_index:
+        raise CorruptSnapshotError(f"{name} is an index, not a rank's part", source=source)
+    rank = part.service.rank
+    if rank is not None and rank != entry.rank:
+        raise CorruptSnapshotError(
+            f"{entry.file} holds rank {rank}'s part, where the index expects rank {entry.rank}'s", source=source)
+    if part.save != index.save:
+        raise CorruptSnapshotError(
+            f"{name} comes from another save than the index: its save id is {part.save or 'none'}, the index's "
+            f"{index.save or 'none'}. The directory mixes parts of different saves (a part was copied in from "
+            "another snapshot), whatever digest the index records for it: use another snapshot", source=source)
+    listed = index.ranks[entry.rank].position if entry.rank < len(index.ranks) else None
+    if listed is not None and listed != part.loader:
+        raise CorruptSnapshotError(
+            f"{name} stands at epoch {part.loader.epoch}, sample {part.loader.yielded}, where the index records "
+            f"epoch {listed.epoch}, sample {listed.yielded} for rank {entry.rank}: the directory mixes parts of "
+            "different saves; use another snapshot", source=source)
+
+
+def stamp(part: bytes, save: str, *, key: bytes | str | None = None) -> list[bytes]:
+    """``part`` (a rank's snapshot file) with ``save``, the id of the save that writes it, in its manifest:
+    the file's pieces (:func:`snapshot.format.pack_parts`), signed again like the original."""
+    container = format.unpack(part, source="<part>", with_payload=False)
+    assert container.info.payload is not None, "a rank's part records its payload"
+    end = len(part) - (hashlib.sha256().digest_size if container.signed else 0)  # the HMAC after the payload
+    payload = memoryview(part)[end - container.info.payload.size:end]
+    return format.pack_parts({**container.manifest, "save": save}, payload, key=key)  # type: ignore[arg-type]
 
 
 _PART_SIZE = struct.Struct("<Q")
@@ -149,14 +180,21 @@ def split_parts(payload: bytes, *, source: str = "<state_dict>") -> list[bytes]:
     return parts
 
 
-def part_info(rank: int, manifest: dict[str, Any], data: bytes) -> dict[str, Any]:
-    """What the distributed manifest records of one rank's part."""
-    return {"rank": rank, "file": schema.part_name(rank), "sha256": hashlib.sha256(data).hexdigest(),
-            "size": len(data), "manifest": manifest}
+def part_info(rank: int, manifest: dict[str, Any], data: bytes | Sequence[bytes]) -> dict[str, Any]:
+    """What the distributed manifest records of one rank's part (its bytes, or its pieces)."""
+    pieces = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
+    digest = hashlib.sha256()
+    for piece in pieces:
+        digest.update(piece)
+    return {"rank": rank, "file": schema.part_name(rank), "sha256": digest.hexdigest(),
+            "size": sum(len(piece) for piece in pieces), "manifest": manifest}
 
 
-def distributed_manifest(infos: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The index of a distributed snapshot: rank 0's manifest, with every rank's shards and its parts."""
+def distributed_manifest(infos: Sequence[Mapping[str, Any]], *, save: str | None = None) -> dict[str, Any]:
+    """The index of a distributed snapshot: rank 0's manifest, with every rank's shards and its parts.
+
+    ``save`` is the id of the save, which every part carries too (:func:`stamp`).
+    """
     manifests = [schema.Manifest.from_dict(info["manifest"], source=f"rank {info['rank']}") for info in infos]
     first = manifests[0]
     shards: list[schema.ShardPosition | None] = []
@@ -181,6 +219,7 @@ def distributed_manifest(infos: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         ranks=tuple(schema.RankPosition(int(info["rank"]), m.loader) for info, m in zip(infos, manifests)),
         parts=tuple(schema.PartRecord(int(i["rank"]), i["file"], i["sha256"], int(i["size"])) for i in infos),
         payload=None,
+        save=save,
     )
     return combined.to_dict()
 

@@ -35,6 +35,7 @@ _MUL = (0xD2511F53, 0xCD9E8D57)
 _WEYL = (0x9E3779B9, 0xBB67AE85)
 UINT64_LIMIT = 2**64
 _RNG_SALT = 0x5EED_0F_610BA1_5EED
+_SUB_SALT = 0x5B_5EED_5B
 
 
 def _philox(key: tuple[int, int], counter: list[int]) -> list[int]:
@@ -205,9 +206,21 @@ class EpochSeeds:
     rng: list[int] = field(default_factory=list)
 
     def for_shard(self, shard: int) -> dict[str, int]:
+        """The seeds of unit ``shard``: a logical shard, or a sub-shard ``s + k L`` of logical shard
+        ``s`` (its seeds derived from shard ``s``'s and ``k``, so they depend on neither the ranks
+        nor the workers that run it)."""
         seeds = dict(self.shared)
-        seeds.update(self.shards[shard])
+        count = len(self.shards)
+        if shard < count:
+            seeds.update(self.shards[shard])
+        else:
+            seeds.update({p: _sub_seed(v, shard // count) for p, v in self.shards[shard % count].items()})
         return seeds
+
+    def rng_seed(self, shard: int) -> int:
+        """The seed of unit ``shard``'s own global generator states (see :meth:`for_shard`)."""
+        count = len(self.rng)
+        return self.rng[shard] if shard < count else _sub_seed(self.rng[shard % count], shard // count)
 
     def state(self) -> dict[str, Any]:
         return {"shared": dict(self.shared), "shards": [dict(s) for s in self.shards], "rng": list(self.rng)}
@@ -219,6 +232,10 @@ class EpochSeeds:
             [{str(k): int(v) for k, v in s.items()} for s in state["shards"]],
             [int(v) for v in state.get("rng", [])],
         )
+
+
+def _sub_seed(seed: int, sub: int) -> int:
+    return PhiloxEngine(seed ^ _SUB_SALT).spawn(sub).generate()
 
 
 def epoch_seeds(generator: SeedGenerator, graph: Graph, logical_shards: int = 1) -> EpochSeeds:

@@ -14,9 +14,15 @@ A graph is cut at its *sharding points*:
   **replicated**: each logical shard runs its own copy, configured with
   ``apply_sharding(L, shard)``.
 
-Everything not above a router runs once per logical shard. A graph without a sharding
-point has a single logical shard. A pipe whose ``is_replicable()`` returns ``False`` may
-only sit above a dispatcher when there is more than one logical shard.
+Everything not above a router runs once per logical shard, except the *non-replicable
+tail*: a pipe whose ``is_replicable()`` returns ``False`` below the sharding point (torchdata
+0.9's ``fullsync``, ``pin_memory``, or a pipe of your own), and everything below it down to the
+sink, runs once, in the loader's process, over the merged stream of the logical shards (as
+torchdata 0.9 ran it in the main process). The tail must read the rest of the graph through a
+single node, the *merge point* (0.9's single replicable branch): each logical shard runs the
+graph up to it. Above a ``sharding_filter``, a non-replicable pipe is refused (it would run in
+every worker); above a dispatcher it runs once anyway. A graph without a sharding point has a
+single logical shard, which runs it whole.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from typing import Any
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, ShardingFilterIterDataPipe
 
 from snapshot.errors import ShardingError
-from snapshot.graph import Graph
+from snapshot.graph import ROOT, Graph
 
 __all__ = ["Topology", "WorkerInfo", "analyze", "apply_sharding", "is_dispatcher", "is_sharding_point"]
 
@@ -88,9 +94,11 @@ class Topology:
 
     ``routers`` are the ``sharding_filter`` and dispatcher paths, ``dispatchers`` the latter;
     ``upstream`` is everything above a router and ``dispatched`` the part of it above a
-    dispatcher. ``problems`` lists why the graph cannot be cut (a node read both above and
-    below the sharding point, two sharding points in a row); they matter only for more than
-    one logical shard: with one, the graph runs whole, as it would on its own.
+    dispatcher. ``tail`` is the non-replicable tail (run once, over the merged stream) and
+    ``merge_point`` the node it reads the logical shards' samples from. ``problems`` lists why
+    the graph cannot be cut (a node read both above and below the sharding point, two sharding
+    points in a row); they matter only for more than one logical shard: with one, the graph
+    runs whole, as it would on its own.
     """
 
     routers: tuple[str, ...]
@@ -99,6 +107,8 @@ class Topology:
     problems: tuple[str, ...] = ()
     dispatchers: tuple[str, ...] = ()
     dispatched: frozenset[str] = frozenset()
+    tail: frozenset[str] = frozenset()
+    merge_point: str | None = None
 
     @property
     def sharded(self) -> bool:
@@ -117,11 +127,17 @@ class Topology:
             raise ShardingError("this graph cannot be cut into logical shards:\n  " + "\n  ".join(self.problems))
         return self
 
+    @property
+    def shard_sink(self) -> str:
+        """The node each logical shard runs up to: the merge point, or the sink."""
+        return self.merge_point if self.merge_point is not None else ROOT
+
     def router_inputs(self, graph: Graph) -> list[str]:
         return [graph[r].inputs[0] for r in self.routers]
 
     def downstream(self, graph: Graph) -> set[str]:
-        return {n.path for n in graph.nodes if n.path not in self.upstream}
+        """The nodes each logical shard runs (neither above the sharding point nor in the tail)."""
+        return {n.path for n in graph.nodes if n.path not in self.upstream and n.path not in self.tail}
 
     def configure_shard(self, graph: Graph, count: int, shard: int) -> None:
         """Make a shard's copy of the graph read shard ``shard`` of ``count``."""
@@ -129,8 +145,11 @@ class Topology:
             _apply(graph[path].datapipe, count, shard)
 
     def describe(self) -> dict[str, Any]:
-        return {"routers": list(self.routers), "replicated": list(self.replicated),
-                "upstream_nodes": len(self.upstream), "dispatchers": list(self.dispatchers)}
+        out = {"routers": list(self.routers), "replicated": list(self.replicated),
+               "upstream_nodes": len(self.upstream), "dispatchers": list(self.dispatchers)}
+        if self.tail:
+            out.update(tail_nodes=len(self.tail), merge_point=self.merge_point)
+        return out
 
 
 def _descendants(graph: Graph, paths: list[str]) -> set[str]:
@@ -195,12 +214,34 @@ def analyze(graph: Graph) -> Topology:
             problems.append(
                 f"{path}: {graph[path].signature} feeds both a sharding_round_robin_dispatch and "
                 f"{', '.join(outside)} below it, so every logical shard would read it in full")
-    for node in graph.nodes:
-        if node.path not in dispatched and _is_non_replicable(node.datapipe):
-            problems.append(
-                f"{node.path}: {node.signature} is not replicable (its is_replicable() is False) but would run "
-                "once per logical shard; put .sharding_round_robin_dispatch(SHARDING_PRIORITIES.MULTIPROCESSING) "
-                "below it so it runs once, or run with a single worker (logical_shards=1)")
+    tail, merge_point = _tail(graph, upstream - dispatched, dispatched, problems)
     routers = [n.path for n in graph.nodes if n.path in filters or n.path in dispatchers]
     return Topology(tuple(routers), tuple(replicated), frozenset(upstream | dispatched), tuple(problems),
-                    tuple(dispatchers), frozenset(dispatched))
+                    tuple(dispatchers), frozenset(dispatched), frozenset(tail), merge_point)
+
+
+def _tail(graph: Graph, filtered: set[str], dispatched: set[str], problems: list[str]) -> tuple[set[str], str | None]:
+    """The non-replicable tail (see the module docstring) and its merge point; appends to
+    ``problems`` why it cannot run once over the merged stream. ``filtered`` is the part above
+    the ``sharding_filter`` routers, ``dispatched`` the part above the dispatchers."""
+    found = [n.path for n in graph.nodes if _is_non_replicable(n.datapipe) and n.path not in dispatched]
+    for path in found:
+        if path in filtered:
+            problems.append(
+                f"{path}: {graph[path].signature} is not replicable (its is_replicable() is False) but sits above "
+                "a sharding_filter, so every worker would run it; put .sharding_round_robin_dispatch("
+                "SHARDING_PRIORITIES.MULTIPROCESSING) below it so it runs once, or run with a single worker "
+                "(logical_shards=1)")
+    below = [p for p in found if p not in filtered]
+    if not below or len(below) < len(found):
+        return set(), None
+    tail = set(below) | _descendants(graph, below)
+    feeds = sorted({i for p in tail for i in graph[p].inputs if i not in tail})
+    if len(feeds) != 1:
+        problems.append(
+            f"{', '.join(below)}: the part of the graph below a non-replicable pipe runs once, in the loader's "
+            "process, over the merged stream of the logical shards, so it must read the rest of the graph "
+            f"through one node; it reads {', '.join(feeds) or 'nothing'}. Put the non-replicable pipe below the "
+            "point where the branches join, or run with a single worker (logical_shards=1)")
+        return set(), None
+    return tail, feeds[0]

@@ -133,6 +133,8 @@ def test_a_state_dict_whose_index_and_payload_disagree_is_refused() -> None:
     index = index_of()
     index["parts"].append({**index["parts"][0], "rank": 1, "file": "rank-00001.snap"})
     index["ranks"].append({**index["ranks"][0], "rank": 1})
+    index["service"]["ranks"] = 2  # an index consistent in itself: only the payload disagrees
+    index["loader"]["yielded"] *= 2
     payload = multipart.join_parts([SNAP.to_bytes()])
     index["payload"] = fmt.payload_record(payload)
     with pytest.raises(snapshot.CorruptSnapshotError, match="lists 2 parts but its payload holds 1"):

@@ -10,7 +10,7 @@ import pytest
 
 import snapshot
 from tests import graphs
-from tests.test_cli import long_chain, rewrite, run_cli_batch, save, three_shards
+from tests.test_cli import long_chain, rewrite, run_cli, run_cli_batch, save, three_shards
 
 Results = dict[str, subprocess.CompletedProcess[str]]
 
@@ -115,3 +115,12 @@ def test_json_lists_each_difference(results: Results) -> None:
     assert position == [{"section": "position", "item": "yielded", "a": 5, "b": 9, "field": ""}]
     sink = [d for d in data["differences"] if d["section"] == "nodes" and d["item"] == "0"]
     assert {d["field"]: (d["a"], d["b"]) for d in sink} == {"yielded": (5, 9), "buffered": (1, 0)}
+
+
+def test_one_node_differs_in_the_singular(tmp_path) -> None:
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    a = save(str(tmp_path / "a.snap"), lambda: IterableWrapper(range(20)).shuffle(buffer_size=3), 2)
+    b = save(str(tmp_path / "b.snap"), lambda: IterableWrapper(range(20)).shuffle(buffer_size=4), 2)
+    proc = run_cli("diff", a, b)
+    assert proc.returncode == 1 and "Graph: 1 node differs (fingerprint" in proc.stdout, proc.stdout

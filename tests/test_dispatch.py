@@ -229,13 +229,13 @@ def _shared_source() -> Any:
     return Zipper(Dispatcher(source, MP), ShardingFilter(source))
 
 
-def _non_replicable_below() -> Any:
-    return NonReplicable(ShardingFilter(IterableWrapper(range(10))))
+def _non_replicable_above_the_filter() -> Any:  # below it, it runs once over the merged stream
+    return ShardingFilter(NonReplicable(IterableWrapper(range(10))))
 
 
 @pytest.mark.parametrize("factory, path, words", [
     (_shared_source, "0/datapipes/0/source_datapipe", "feeds both"),
-    (_non_replicable_below, "0", "not replicable"),
+    (_non_replicable_above_the_filter, "0/source_datapipe", "not replicable"),
 ])
 def test_a_shape_that_cannot_be_honoured_is_refused_naming_the_pipe(factory: Any, path: str, words: str) -> None:
     loader = snapshot.DataLoader2(factory(), reading_service=Workers(2, timeout=60))

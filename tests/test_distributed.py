@@ -113,7 +113,8 @@ def check_exactly_once(before, after) -> None:
     assert following == full
 
 
-@pytest.mark.parametrize("saved, restored, shards", [(4, 2, None), (2, 3, 6), (2, 2, None), (3, 1, None)])
+@pytest.mark.parametrize("saved, restored, shards", [(4, 2, None), (2, 3, 6), (2, 2, None), (3, 1, None),
+                                                        (2, 3, None), (3, 4, None)])
 def test_restore_onto_another_world_size_is_exactly_once(tmp_path, saved: int, restored: int, shards) -> None:
     directory = str(tmp_path / "data.snap")
     before = run_ranks(saved, save_at, 0, 5, directory, None, shards)
@@ -135,11 +136,11 @@ def test_ranks_with_workers_restore_onto_another_layout(tmp_path) -> None:
 
 def test_an_impossible_layout_is_refused_before_reading(tmp_path) -> None:
     directory = str(tmp_path / "data.snap")
-    run_ranks(2, save_at, 0, 4, directory)  # L = 2
-    results = run_ranks(3, restore_from, 0, directory, allow_errors=True)
+    run_ranks(2, save_at, 0, 4, directory)  # L = 2: one logical shard per rank on 2 ranks
+    results = run_ranks(2, restore_from, 2, directory, allow_errors=True)
     for result in results:
         assert isinstance(result, RankFailure)
-        assert "LayoutError" in result.message and "cannot be shared by 3 ranks" in result.message
+        assert "LayoutError" in result.message and "cannot keep 2 workers per rank busy" in result.message
 
 
 def test_the_distributed_snapshot_restores_in_one_process(tmp_path) -> None:

@@ -248,3 +248,38 @@ def test_cli_page_lists_every_command_and_option() -> None:
     assert len(re.findall(r"^snapshot (\w+) ", usage_block, re.MULTILINE)) == len(commands)
     for usage in re.findall(r"^snapshot (\w+) ", usage_block, re.MULTILINE):
         assert usage in commands, f"docs/cli.md shows `snapshot {usage}`, which is not a command"
+
+
+# -- the docs build is quiet: the tutorials' kernels run over IPC, not TCP -----------------------
+
+_EXECUTE_LIKE_THE_SITE = '''
+import importlib.util, sys
+import nbformat
+from nbconvert import HTMLExporter
+from nbconvert.nbconvertapp import NbConvertApp
+
+if sys.argv[1] == "with-hook":
+    spec = importlib.util.spec_from_file_location("site_hooks", "docs/_hooks/site.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    hooks.on_config({})
+app = NbConvertApp()
+app.load_config_file()  # as mkdocs-jupyter does
+app.config.ExecutePreprocessor.enabled = True
+app.config.ExecutePreprocessor.kernel_name = "python3"
+notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(6 * 7)")])
+html, _ = HTMLExporter(config=app.config).from_notebook_node(notebook)
+assert "42" in html
+'''
+
+
+def test_tutorial_kernels_do_not_warn_about_tcp() -> None:
+    def run(mode: str) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != "JUPYTER_CONFIG_PATH"}
+        return subprocess.run([sys.executable, "-c", _EXECUTE_LIKE_THE_SITE, mode], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=180)
+
+    without, with_hook = run("without-hook"), run("with-hook")
+    assert without.returncode == 0 and with_hook.returncode == 0, without.stderr + with_hook.stderr
+    assert "running over TCP without encryption" in without.stderr  # what the hook's config prevents
+    assert "WARNING" not in with_hook.stderr, with_hook.stderr

@@ -19,17 +19,22 @@ def _torchrun(ranks: int, *args: str, cwd, fails: bool = False) -> str:
 
 
 @pytest.mark.slow
-def test_distributed_example_crashes_on_2_ranks_and_resumes_on_3(tmp_path) -> None:
-    """The how-to's three commands: killed after step 14 on 2 ranks, resumed on 3, checked."""
+@pytest.mark.parametrize("before, after", [(2, 3), (4, 3)])
+def test_distributed_example_crashes_and_resumes_on_another_number_of_ranks(tmp_path, before: int,
+                                                                            after: int) -> None:
+    """The how-to's three commands: killed after step 14 (2 ranks) or 8 (4 ranks), resumed on 3,
+    checked: every sample of both epochs trained on once, the ranks' steps in lockstep (DDP)."""
     work = tmp_path / "run"
-    first = _torchrun(2, str(work), "--crash-at", "14", cwd=tmp_path, fails=True)
-    assert "first run on 2 rank(s)" in first, first
-    # the crash came after the checkpoint at step 12 and before the end of the epoch
+    crash, saved = (14, 12) if before == 2 else (8, 6)
+    first = _torchrun(before, str(work), "--crash-at", str(crash), cwd=tmp_path, fails=True)
+    assert f"first run on {before} rank(s)" in first, first
+    # the crash came after the last checkpoint and before the end of the epoch
     logged = (work / "log-first-rank0.jsonl").read_text()
-    assert '"checkpoint": [0, 12]' in logged and '"step": 14' in logged and '"step": 15' not in logged
+    assert f'"checkpoint": [0, {saved}]' in logged and f'"step": {crash}' in logged
+    assert f'"step": {crash + 1}' not in logged
 
-    resumed = _torchrun(3, str(work), cwd=tmp_path)
-    assert "resumed run on 3 rank(s), from epoch 0, step 12" in resumed, resumed
+    resumed = _torchrun(after, str(work), cwd=tmp_path)
+    assert f"resumed run on {after} rank(s), from epoch 0, step {saved}" in resumed, resumed
 
     check = run_job([SCRIPT, str(work), "--check"], cwd=tmp_path, timeout=60)
     for epoch in range(2):

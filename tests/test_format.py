@@ -272,3 +272,15 @@ def test_graph_that_cannot_be_pickled_names_the_pipe() -> None:
         snapshot.DataLoader2(IterableWrapper(range(3)).map(graphs.double).zip(IterableWrapper(gen)))
     message = str(info.value)
     assert "0/datapipes/1" in message and "iterable" in message and "include_graph=False" in message
+
+
+def test_a_corrupted_payload_is_placed_in_the_payload_not_at_its_start() -> None:
+    """A digest of the whole payload cannot say which byte changed: the message gives the payload's range."""
+    data = bytearray(file_bytes())
+    _, payload_len = struct.unpack_from("<IQ", data, len(fmt.MAGIC) + 4)
+    data[-1] ^= 0xFF
+    with pytest.raises(snapshot.CorruptSnapshotError) as caught:
+        snapshot.load(bytes(data))
+    start, end = len(data) - payload_len, len(data) - 1  # unsigned: the payload ends the file
+    assert f"some byte in the payload (bytes {start:,} to {end:,} of the file)" in str(caught.value)
+    assert "at byte" not in str(caught.value) and caught.value.offset is None

@@ -354,10 +354,8 @@ def _reset(datapipe: Any, worker_info: Any, seed_generator: Any) -> Any:
     return datapipe
 
 
-def test_worker_reset_fn_is_refused_with_what_to_use_instead() -> None:
-    with pytest.raises(snapshot.SnapshotError, match="worker_reset_fn") as info:
-        Workers(2, worker_reset_fn=_reset)
-    assert "dl.seed(s)" in str(info.value) and "worker_init_fn" in str(info.value)
+def test_worker_reset_fn_is_taken_and_kept_as_in_0_9() -> None:
+    assert Workers(2, worker_reset_fn=_reset).worker_reset_fn is _reset  # behaviour: test_worker_reset_fn.py
 
 
 class Oops(Exception):

@@ -222,24 +222,87 @@ def _edit_state(state: dict[str, Any], path: list[Any], value: Any) -> None:
         target[path[-1]] = value
 
 
-_DELETE = object()
-STATE_PLACES = [["epoch"], ["yielded"], ["epoch_finished"], ["seed"], ["seed_given"], ["pending_seed"],
-                ["generator"], ["service"], ["lookahead"], ["service", "layout"], ["service", "shards"],
-                ["service", "service"], ["service", "upstream"], ["service", "layout", "logical_shards"]]
-
-
-@settings(max_examples=300, derandomize=True, deadline=None, database=None)
-@given(place=st.sampled_from(STATE_PLACES), value=st.one_of(st.just(_DELETE), json_values))
-def test_a_payload_whose_state_is_malformed_is_refused(place: list[str], value: Any) -> None:
+def _with_state(place: list[Any], value: Any) -> bytes:
+    """The file with its payload's state edited at ``place`` (checksums and the payload's record redone)."""
     body = _serialization.loads(PAYLOAD, what="test")
     _edit_state(body["state"], place, value)
     payload = _serialization.dumps(body, what="test")
     manifest = copy.deepcopy(MANIFEST)
     manifest["payload"] = {**fmt.payload_record(payload), "parts": manifest["payload"]["parts"]}
-    try:
-        snapshot.load(fmt.pack(manifest, payload))
-    except snapshot.SnapshotError:
-        pass
+    return fmt.pack(manifest, payload)
+
+
+_DELETE = object()
+STATE_PLACES = [["epoch"], ["yielded"], ["epoch_finished"], ["seed"], ["seed_given"], ["pending_seed"],
+                ["generator"], ["service"], ["lookahead"], ["service", "layout"], ["service", "shards"],
+                ["service", "service"], ["service", "upstream"], ["service", "layout", "logical_shards"]]
+#: What a reader takes for a field that is left out.
+STATE_DEFAULTS = {("seed",): None, ("seed_given",): False, ("pending_seed",): None, ("generator",): None,
+                  ("lookahead",): [], ("service", "upstream"): []}
+STATE: dict[str, Any] = _serialization.loads(PAYLOAD, what="test")["state"]
+
+
+def _saved_at(place: list[Any]) -> Any:
+    target: Any = STATE
+    for step in place:
+        target = target[step]
+    return target
+
+
+def _well_formed(place: list[Any], value: Any) -> bool:
+    """Whether the state edited so is one a loader could have saved with this manifest: the same value
+    (a field left out, or null, reads as its default), or any seed for the seed that ``seed()`` left pending."""
+    if value is _DELETE or (value is None and tuple(place) in STATE_DEFAULTS):  # null reads as left out
+        if tuple(place) not in STATE_DEFAULTS:
+            return False
+        value = STATE_DEFAULTS[tuple(place)]
+    if place == ["pending_seed"]:
+        return value is None or (type(value) is int and 0 <= value < 2**64)
+    return repr(value) == repr(_saved_at(place))  # repr: True is not 1, nor 2.0 is 2
+
+
+@pytest.mark.parametrize(("place", "value", "message"), [
+    (["epoch"], -2, "state.epoch: expected an int >= -1, got -2"),
+    (["epoch"], 5, "loader.epoch: expected what the payload's state says (5)"),
+    (["yielded"], 2**70, "state.yielded: expected an int below 2**63"),
+    (["yielded"], 3, "loader.yielded: expected what the payload's state says (3)"),
+    (["epoch_finished"], "no", "state.epoch_finished: expected true or false, got 'no'"),
+    (["seed"], -1, "state.seed: expected a seed, an int in [0, 2**64), got -1"),
+    (["seed"], 4, "randomness.seed: expected what the payload's state says (4)"),
+    (["seed_given"], False, "randomness.seed_source: expected what the payload's state says ('drawn')"),
+    (["pending_seed"], 2**64, "state.pending_seed: expected a seed, an int in [0, 2**64)"),
+    (["generator"], None, "state.generator: expected the seed generator of epoch 0"),
+    (["generator"], {"shared": {}}, "state.generator.shared.key: expected a value (the field is missing)"),
+    (["service"], {}, "service: expected what the payload's state says ({})"),
+    (["service"], [], "state.service: expected an object, got []"),
+    (["lookahead"], [1], "loader.lookahead: expected what the payload's state says (1)"),
+    (["service", "layout"], {}, "state.service.layout.logical_shards: expected an int >= 1, got None"),
+    (["service", "layout", "logical_shards"], 2, "state.service.shards: expected 2 records"),
+    (["service", "shards"], [None], "shards[0]: expected what the payload's state says (True)"),
+    (["service", "shards"], [], "state.service.shards: expected 1 records"),
+    (["service", "service"], "Elsewhere", "service.name: expected what the payload's state says ('Elsewhere')"),
+    (["service", "upstream"], [{}], "upstream: expected what the payload's state says (1)"),
+])
+def test_a_payload_whose_state_is_malformed_is_refused(place: list[str], value: Any, message: str) -> None:
+    data = _with_state(place, value)
+    with pytest.raises(snapshot.ManifestError) as info:
+        snapshot.load(data)
+    assert message in str(info.value)
+
+
+@settings(max_examples=300, derandomize=True, deadline=None, database=None)
+@given(place=st.sampled_from(STATE_PLACES), value=st.one_of(st.just(_DELETE), json_values))
+def test_any_edit_of_the_payloads_state_is_refused_unless_well_formed(place: list[str], value: Any) -> None:
+    data = _with_state(place, value)
+    if _well_formed(place, value):
+        snap = snapshot.load(data)
+        assert snap.info.loader == CONTAINER.info.loader
+        if place == ["pending_seed"]:
+            assert schema.SavedState.from_dict(snap.state).pending_seed == (None if value is _DELETE else value)
+        return
+    with pytest.raises(snapshot.ManifestError) as info:
+        snapshot.load(data)
+    assert "state" in str(info.value)  # a field of the state, or what the payload's state says
 
 
 # -- the public name and the command line -----------------------------------------------------

@@ -10,7 +10,9 @@ with the cell's traceback. The kernel is shut down before the test ends.
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
+from html import unescape
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +71,38 @@ def test_notebook_runs_and_its_claims_hold(path: Path, tmp_path: Path) -> None:
     if path.name in PLOTS:
         assert "data:image/png;base64," in html, f"{path.name} renders no plot"
     assert list(tmp_path.iterdir()) == [], "a tutorial writes into the directory it is opened in"
+    _hidden_cells_stay_hidden(path, notebook)
+
+
+def _site_hidden_tag() -> str:
+    """The tag whose cells' code the site hides (mkdocs.yml, mkdocs-jupyter's remove_tag_config)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_constructor("!ENV", lambda loader, node: None)
+    config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=Loader)
+    options = next(p["mkdocs-jupyter"] for p in config["plugins"] if isinstance(p, dict) and "mkdocs-jupyter" in p)
+    return str(options["remove_tag_config"]["remove_input_tags"][0])
+
+
+def _hidden_cells_stay_hidden(path: Path, notebook: Any) -> None:
+    """A set-up cell (tagged to hide its code on the site) shows nothing there: neither its code
+    (rendered as the site renders it) nor any output, such as a stray ``Out[2]: 2808``."""
+    from nbconvert import HTMLExporter
+    from traitlets.config import Config
+
+    tag = _site_hidden_tag()
+    hidden = [cell for cell in notebook.cells if tag in cell.metadata.get("tags", [])]
+    for cell in hidden:
+        assert not cell.get("outputs"), f"{path.name}: a hidden set-up cell shows output {cell.outputs}"
+    config = Config({"TagRemovePreprocessor": {"enabled": True, "remove_input_tags": {tag}}})
+    html, _ = HTMLExporter(config=config).from_notebook_node(notebook)
+    shown = unescape(re.sub(r"<[^>]+>", "", html))  # the page's text, without the highlighting's markup
+    for cell in hidden:
+        code = max(cell.source.splitlines(), key=len)
+        assert code.strip() not in shown, f"{path.name}: the site shows the hidden cell's code ({code})"
 
 
 #: Tutorials that draw a figure.

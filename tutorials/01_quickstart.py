@@ -101,9 +101,10 @@ def main(role, workdir):
 if __name__ == "__main__" and len(sys.argv) == 3:
     main(sys.argv[1], sys.argv[2])
 
-# %%
-# Work in a scratch directory. Run as a plain script (`python tutorials/01_quickstart.py`), the
-# `%%writefile` line above is only a comment: train.py is written from this file's own text.
+# %% tags=["remove-input"]
+# Set-up (its code is hidden on the site): work in a scratch directory. Run as a plain script
+# (`python tutorials/01_quickstart.py`), the `%%writefile` line above is only a comment:
+# train.py is written from this file's own text.
 import os
 import sys
 import tempfile
@@ -115,8 +116,8 @@ else:
     _text = Path("train.py").read_text()
     Path("train.py").unlink()
 os.chdir(tempfile.mkdtemp(prefix="tutorial-"))
-sys.path.insert(0, os.getcwd())   # modules written here are importable, as in a notebook
 Path("train.py").write_text(_text)
+sys.path.insert(0, os.getcwd())   # modules written here are importable, as in a notebook
 
 # %% [markdown]
 # A helper runs the script as a separate process and reads its log.
@@ -163,8 +164,9 @@ assert len(expected) == 80
 # %% [markdown]
 # ## 2. A run that crashes
 #
-# It saves every 5 steps and is killed with `SIGKILL` at step 13 of the first epoch, three
-# steps after its last checkpoint: those three batches are lost with the crash.
+# It saves after every 5 steps and is killed with `SIGKILL` right after training on step 13
+# of the first epoch (steps count from 0). Its last checkpoint was taken after step 9, so the
+# four batches of steps 10 to 13 were trained on after it: their updates are lost with the crash.
 
 # %%
 assert run("crashing") == -signal.SIGKILL
@@ -172,6 +174,9 @@ crashed = read_log("crashing")
 checkpoints = [r["checkpoint"] for r in crashed if "checkpoint" in r]
 print("checkpoints written:", checkpoints)
 assert checkpoints[-1] == [0, 10]
+seen_after = [r["step"] for r in crashed if "batch" in r and (r["epoch"], r["step"]) >= (0, 10)]
+print("steps trained on after the last checkpoint:", seen_after)
+assert seen_after == [10, 11, 12, 13]   # the four batches the text above speaks of
 
 # %% [markdown]
 # The snapshot on disk can be read without unpickling anything. It says where the stream

@@ -39,9 +39,10 @@ def build_graph():
     return IterableWrapper(range(1_000)).shuffle(buffer_size=64).map(features).batch(8)
 
 
-# %%
-# Work in a scratch directory. Run as a plain script (`python tutorials/04_inspecting_snapshots.py`), the
-# `%%writefile` line above is only a comment: features.py is written from this file's own text.
+# %% tags=["remove-input"]
+# Set-up (its code is hidden on the site): work in a scratch directory. Run as a plain script
+# (`python tutorials/04_inspecting_snapshots.py`), the `%%writefile` line above is only a comment:
+# features.py is written from this file's own text.
 import os
 import sys
 import tempfile
@@ -53,8 +54,8 @@ else:
     _text = Path("features.py").read_text()
     Path("features.py").unlink()
 os.chdir(tempfile.mkdtemp(prefix="tutorial-"))
-sys.path.insert(0, os.getcwd())   # modules written here are importable, as in a notebook
 Path("features.py").write_text(_text)
+sys.path.insert(0, os.getcwd())   # modules written here are importable, as in a notebook
 
 # %%
 import importlib
@@ -118,9 +119,12 @@ assert shard["plan"]["drivers"] == []                                     # rest
 
 # %%
 command = [sys.executable, "-m", "snapshot", "inspect"]
-report = subprocess.run([*command, "run.snap"], capture_output=True, text=True)
-print(report.stdout, report.stderr)
-assert report.returncode == 0 and "MapperIterDataPipe" in report.stdout
+# fitted to 80 columns, as on a terminal that wide (a pipe gets whole lines otherwise)
+report = subprocess.run([*command, "run.snap"], capture_output=True, text=True,
+                        env={**os.environ, "COLUMNS": "80"})
+print(report.stdout + report.stderr)
+assert max(len(line) for line in report.stdout.splitlines()) <= 80
+assert report.returncode == 0 and "Mapper(fn=features.features)" in report.stdout
 
 as_json = subprocess.run([*command, "--json", "run.snap"], capture_output=True, text=True, check=True)
 assert json.loads(as_json.stdout)["graph"] == manifest["graph"]

@@ -4,6 +4,10 @@
   lists every page the site will have; a page in ``PENDING`` whose file does not exist yet
   is generated with a short "in progress" note, so the site builds (strictly) with a
   complete nav. As soon as the real file lands in ``docs/`` it is used instead.
+- ``on_config``: the tutorials' kernels (mkdocs-jupyter executes them) talk to the build over
+  local IPC sockets, not TCP: ``jupyter/jupyter_nbconvert_config.json`` here sets the kernel
+  transport, and is put on ``$JUPYTER_CONFIG_PATH`` for this process only (the kernel would
+  otherwise warn, once per notebook, that it runs over TCP without encryption).
 - ``on_page_content``: the package's docstrings are also read as reStructuredText by
   editors and ``help()``; in the API pages, drop their Sphinx roles (``:func:`x``` becomes
   ``x`` in code) and the ``::`` that introduces a literal block.
@@ -12,6 +16,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -37,6 +42,16 @@ PENDING = {
         "makes, in which order, before anything is unpickled.",
     ),
 }
+
+
+#: Jupyter configuration read by the tutorials' execution (see the module docstring).
+JUPYTER_CONFIG = Path(__file__).resolve().parent / "jupyter"
+
+
+def on_config(config: Any) -> Any:
+    paths = [str(JUPYTER_CONFIG), *filter(None, os.environ.get("JUPYTER_CONFIG_PATH", "").split(os.pathsep))]
+    os.environ["JUPYTER_CONFIG_PATH"] = os.pathsep.join(dict.fromkeys(paths))
+    return config
 
 
 def on_files(files: Files, config: Any) -> Files:

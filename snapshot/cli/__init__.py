@@ -12,7 +12,7 @@ manifests only (see docs/format.md): they never unpickle, so they are safe on
 files from anywhere and work where the graph's modules are not importable.
 verify reads the payload's bytes to check them, and unpickles nothing either;
 only --graph runs code, the factory you name. Output fits the terminal's width
-($COLUMNS); --json output is whole.
+($COLUMNS); --json output is whole, and graph folds its DOT on a terminal only.
 
 Exit codes:
   0  success: printed; verify found no problem; diff found no difference

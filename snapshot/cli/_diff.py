@@ -223,7 +223,7 @@ def _section_lines(section: str, diffs: list[Difference], a: View, b: View) -> l
                 *table(["node", "yielded", "change", "buffered", "restore", "replay"], rows[:MAX_LISTED],
                        right=[1, 2, 3, 5]), *more(len(rows))]
     if section == "graph":
-        lines = [f"Graph: {len(diffs)} node{'s' if len(diffs) != 1 else ''} differ (fingerprint "
+        lines = [f"Graph: {len(diffs)} {'node differs' if len(diffs) == 1 else 'nodes differ'} (fingerprint "
                  f"{a.fingerprint[:16] or '-'} → {b.fingerprint[:16] or '-'}); restoring one snapshot "
                  "onto the other's graph is refused"]
         for d in diffs[:MAX_LISTED]:

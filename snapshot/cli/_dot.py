@@ -162,8 +162,8 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("PNG is binary: pass `-o FILE.png` or redirect the output", EXIT_INVALID)
     view = read_view(read(args.file)[0], args.file)
     text = to_dot(view)
-    if args.format == "dot" and args.output is None:  # read on a terminal: fitted to it
-        text = fold(text, terminal_width())
+    if args.format == "dot" and args.output is None and sys.stdout.isatty():  # read on a terminal: fitted to it
+        text = fold(text, terminal_width())  # (a pipe or a file gets the DOT source exactly)
     data = text.encode() if args.format == "dot" else _render(text, args.format)
     if args.output is not None:
         with open(args.output, "wb") as f:

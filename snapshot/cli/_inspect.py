@@ -10,13 +10,11 @@ from snapshot import format as fmt
 from snapshot.cli._exit import CommandError
 from snapshot.cli._source import read
 from snapshot.cli._text import count, fit, size, table, terminal_width
-from snapshot.cli._view import NodeTotals, Router, Shard, View, read_view
+from snapshot.cli._tree import graph_table
+from snapshot.cli._view import Router, Shard, View, read_view
 
-__all__ = ["add_command", "describe_position", "graph_rows", "render", "summed"]
+__all__ = ["add_command", "describe_position", "render", "summed"]
 
-#: Longest argument value, and longest ``Type(args)``, shown in the tree (``--json`` has all).
-ARG_WIDTH = 32
-TYPE_WIDTH = 64
 _SEED_SOURCES = {"user": "given to seed()", "drawn": "drawn at random (seed() was not called)"}
 
 
@@ -69,49 +67,6 @@ def _compact(value: Any, width: int = 100) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def graph_rows(view: View, *, full_paths: bool = False, compact: bool = False) -> list[list[str]]:
-    """The graph as a tree: one row per node (node, type, yielded, buffered, state, restore, replay).
-
-    A node's path is its parent's path, ``/``, and the edge shown (``full_paths`` shows it all).
-    A node reached again through another edge (the input shared by ``fork`` children) is
-    listed once and referred to by its full path afterwards. ``compact`` drops the
-    ``IterDataPipe`` that ends torch's class names (for a narrow terminal).
-    """
-    totals = view.totals()
-    rows: list[list[str]] = []
-    seen: set[str] = set()
-    # Depth-first from the sink, inputs in order; iterative, so deep graphs cannot overflow.
-    stack: list[tuple[str, str, str, str]] = [(node.path, "", "", "") for node in reversed(view.nodes)]
-    while stack:
-        path, parent, prefix, connector = stack.pop()
-        if path in seen:
-            if connector:  # a second edge into a shared node; unreached roots are skipped
-                rows.append([f"{prefix}{connector}(shared)", f"= {path}, listed above", "", "", "", "", ""])
-            continue
-        seen.add(path)
-        node = view.by_path[path]
-        name = path
-        if parent and not full_paths and path.startswith(parent + "/"):
-            name = path[len(parent) + 1:]
-        signature = node.signature(skip_none=True, width=ARG_WIDTH, limit=TYPE_WIDTH)
-        if compact and node.short_type.endswith("IterDataPipe") and node.short_type != "IterDataPipe":
-            signature = signature.replace("IterDataPipe(", "(", 1)
-        rows.append([f"{prefix}{connector}{name}", signature, *_figures(totals.get(path))])
-        child_prefix = prefix + ("" if not connector else ("   " if connector.startswith("└") else "│  "))
-        for i in reversed(range(len(node.inputs))):
-            last = i == len(node.inputs) - 1
-            stack.append((node.inputs[i], path, child_prefix, "└─ " if last else "├─ "))
-    return rows
-
-
-def _figures(totals: NodeTotals | None) -> list[str]:
-    if totals is None:
-        return ["-", "-", "-", "-", "-"]
-    return [count(totals.yielded), count(totals.buffered) if totals.buffered else "-",
-            size(totals.state_bytes), totals.restore or "-",
-            count(totals.replay) if totals.restore in ("replay", "mixed") else "-"]
-
-
 def _plan(view: View) -> list[str]:
     if not view.shards:
         return ["Restore plan: none recorded (the loader had not started)"]
@@ -137,7 +92,9 @@ def _randomness(view: View) -> list[str]:
     lines = ["Randomness", f"  seed  {view.seed if view.seed is not None else '-'} ({source})"]
     if view.node_seeds:
         lines.append("  derived seeds (fingerprints):")
-        lines.extend(table(["node", "fingerprint"], [[p, s] for p, s in view.node_seeds.items()], indent="    ")[1:])
+        # the fingerprint first: a node's path is as long as the graph is deep, and is never cut
+        lines.extend(table(["fingerprint", "node"], [[s, p] for p, s in view.node_seeds.items()], indent="    ",
+                           width=0)[1:])
     return lines
 
 
@@ -155,7 +112,14 @@ def _shard_buffered(shard: Shard) -> int:
 
 def _service(view: View) -> list[str]:
     lines = [f"Reading service: {view.service_name}"]
-    lines.extend(table(["", ""], [[key, _compact(value)] for key, value in view.layout.items()])[1:])
+    layout = dict(view.layout)
+    shards = layout.pop("logical_shards", None)
+    if isinstance(shards, int) and not isinstance(shards, bool):  # the stream's L: W' <= L on a restore
+        lines.append(f"  logical shards: {count(shards)} (restores onto at most {count(shards)} "
+                     f"worker{'s' if shards != 1 else ''} per rank)")
+    elif shards is not None:  # not a count: shown as it is
+        layout = dict(view.layout)
+    lines.extend(table(["", ""], [[key, _compact(value)] for key, value in layout.items()])[1:])
     if view.shards:
         extra = sorted({key for shard in view.shards for key in shard.extra})
         header = ["shard", "yielded", "in flight", "exhausted", "buffered", "replay", *extra]
@@ -183,7 +147,7 @@ def _service(view: View) -> list[str]:
                              ", ".join(f"{shard}: {n}" for shard, n in router.queued.items()) if router else "-",
                              *(_compact(copy.extra[key], 40) if key in copy.extra else "-" for key in extra)])
         lines.extend(table(["copy", "feeds shards", "sharding point", "read", "ended", "queued per shard", *extra],
-                           rows, right=[3]))
+                           rows, right=[3], keep_ends=[2]))  # a path's end names the node
     return lines
 
 
@@ -227,18 +191,6 @@ def _sizes(view: View) -> list[str]:
     return lines + table(["part", "bytes", ""], rows, right=[1])
 
 
-def _graph_table(view: View, full_paths: bool) -> list[str]:
-    """The graph's table; on a terminal too narrow for it, with shorter type names, then elided."""
-    header = ["node" if full_paths else "node (edge from its parent)", "type", "yielded", "buffered",
-              "state", "restore", "replay"]
-    width = terminal_width()
-    lines = table(header, graph_rows(view, full_paths=full_paths), right=[2, 3, 4, 6], width=0)
-    if width is None or max(map(len, lines)) <= width:
-        return lines
-    return table(header, graph_rows(view, full_paths=full_paths, compact=True), right=[2, 3, 4, 6],
-                 keep_ends=[0], width=width)
-
-
 def render(view: View, *, full_paths: bool = False) -> str:
     versions = ", ".join(f"{k} {v}" for k, v in view.versions.items()) or "unknown"
     graph = (f"Graph: {len(view.nodes)} nodes, fingerprint {view.fingerprint or '-'}, "
@@ -254,7 +206,7 @@ def render(view: View, *, full_paths: bool = False) -> str:
         f"  position    {position}",
         "",
         graph,
-        *_graph_table(view, full_paths),
+        *graph_table(view, full_paths=full_paths, width=terminal_width()),
         "",
         *_plan(view),
         "",

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from typing import Any
 
-from snapshot import _sources, _storage
+from snapshot import _sources, _storage, multipart, schema
 from snapshot import format as fmt
 from snapshot._version import __version__
 from snapshot.cli._exit import EXIT_INVALID, EXIT_OK, EXIT_PROBLEM, CommandError
@@ -192,8 +192,10 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
-def _part(source: Source, part: PartFile, key: bytes | str | None, key_source: str | None) -> Check:
-    """One rank's part of a distributed snapshot: present, as recorded, and sound on its own."""
+def _part(source: Source, index: schema.Manifest, part: PartFile, key: bytes | str | None,
+          key_source: str | None) -> Check:
+    """One rank's part of a distributed snapshot: present, as recorded, of the same save, and sound on its
+    own (the checks ``load`` makes, in :func:`snapshot.multipart.check_part`)."""
     label = f"rank {part.rank}"
     path = part_path(source, part.file)
     try:
@@ -209,6 +211,10 @@ def _part(source: Source, part: PartFile, key: bytes | str | None, key_source: s
         container = fmt.unpack(data, source=path, key=key)
     except SnapshotFileError as exc:
         return Check(label, FAIL, f"{part.file}: {_reason(exc, path)}")
+    try:
+        multipart.check_part(index, part, container.info, source=path)
+    except SnapshotFileError as exc:
+        return Check(label, FAIL, _reason(exc, path))
     signed = ("signature matches the key" if key_source is not None
               else "signed (not checked: no key)" if container.signed else "not signed")
     return Check(label, OK, f"{part.file}, {count(len(data))} bytes, as the manifest records; checksums match; "
@@ -255,7 +261,8 @@ def verify(source: Source, key: bytes | str | None, key_source: str | None,
     if source.directory is not None:
         if not view.part_files:
             checks.append(Check("parts", FAIL, "the manifest lists no parts"))
-        checks.extend(_part(source, part, key, key_source) for part in view.part_files)
+        index = schema.Manifest.from_dict(manifest, source=path)  # read_view checked it
+        checks.extend(_part(source, index, part, key, key_source) for part in view.part_files)
     checks.append(_versions(view))
     if graph is not None:
         checks.append(_graph(view, *graph))

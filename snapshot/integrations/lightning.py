@@ -91,9 +91,9 @@ class LightningLoader:
     those batches out first. In a distributed run ``state_dict()`` is a collective (Lightning
     calls it on every rank when it writes a checkpoint). A checkpoint resumes on another number
     of ranks as the distributed service allows; mid-epoch, the batches the saved ranks' fetchers
-    took ahead are dealt to the new ranks in equal numbers, so the new number must divide them
-    (one per saved rank: 2 ranks resume on 1, 4 on 2 or 1), or the restore is refused with a
-    :class:`~snapshot.LayoutError` that says why.
+    took ahead are dealt to the new ranks as evenly as they can be, and the loader's restore
+    counts them when it evens out the new ranks' shares of the rest of the epoch, so every rank
+    takes the same number of steps on any number of devices.
 
     The batches taken ahead are pickled into the state: trust a checkpoint that holds it as
     much as any pickle (see the threat model).
@@ -182,7 +182,14 @@ class LightningLoader:
                 f"{_FORMAT_VERSION}); a bare DataLoader2's state dict goes to DataLoader2.load_state_dict()")
         per_rank: list[list[Any]] = pickle.loads(state[PENDING])
         rank, world = _rank_and_world(self.loader)
-        pending = _deal(per_rank, rank, world)  # checked before the loader changes
+        pending: list[Any] = []
+        hand_out_first = getattr(self.loader.reading_service, "hand_out_first", None)
+        if len(per_rank) == world:
+            pending = list(per_rank[rank])
+        elif hand_out_first is None:  # one process: it takes them all
+            pending = [batch for saved in per_rank for batch in saved]
+        else:  # through the loader: its restore evens out the rest of the epoch around them, and its
+            hand_out_first(per_rank)  # even_batches policy counts them: every rank takes as many steps
         self.loader.load_state_dict(state[LOADER])
         self._pending = deque(pending)
         self._handed = int(state[CONSUMED])
@@ -204,28 +211,6 @@ def _rank_and_world(loader: snapshot.DataLoader2[Any]) -> tuple[int, int]:
     if not dist.is_available() or not dist.is_initialized():
         return 0, 1
     return dist.get_rank(), dist.get_world_size()
-
-
-def _deal(per_rank: list[list[Any]], rank: int, world: int) -> list[Any]:
-    """This rank's share of the batches every saved rank's fetcher had taken ahead.
-
-    On the same number of ranks, each rank gets its own back. On another number, the batches
-    (in saved rank order) are dealt in equal runs, so that every rank still takes the same number
-    of steps; when they cannot be dealt equally, the restore is refused.
-    """
-    if len(per_rank) == world:
-        return list(per_rank[rank])
-    batches = [batch for saved in per_rank for batch in saved]
-    if len(batches) % world:
-        raise snapshot.LayoutError(
-            f"the checkpoint was written mid-epoch on {len(per_rank)} rank(s), whose fetchers had taken "
-            f"{len(batches)} batch(es) ahead of the training step; those batches belong to no rank's share of the "
-            f"rest of the epoch, and this run's {world} ranks can only take them over in equal numbers (every rank "
-            "must take the same number of steps, or DDP's gradient all-reduce hangs). Resume on a number of devices "
-            f"that divides {len(batches)} (or on {len(per_rank)}), or from a checkpoint written at the end of an "
-            "epoch (it resumes on any number).")
-    share = len(batches) // world
-    return batches[rank * share:(rank + 1) * share]
 
 
 def _gather(pending: list[Any], loader: snapshot.DataLoader2[Any]) -> list[list[Any]]:

@@ -35,7 +35,8 @@ def restore_plans(graphs: Mapping[int, Graph], topology: Topology, saved: Mappin
         record = saved.get(shard)
         if record is not None and not record.get("exhausted"):
             counts = {p: r["yielded"] for p, r in record["nodes"].items()}
-            plans[shard] = make_plan(graph, counts, strategy, ports=frozenset(topology.routers))
+            plans[shard] = make_plan(graph, counts, strategy, sinks=[topology.shard_sink],
+                                     ports=frozenset(topology.routers))
     return plans, {s for s, plan in plans.items() if plan.reaches_ports}
 
 
@@ -52,15 +53,19 @@ def start_upstream(graph: Graph, routers: Sequence[str], prefix: frozenset[str],
     routers_state: dict[str, Any] = {}
     if saved is not None:
         restore_persistent(graph, saved.get("persistent", {}))
-        if not replayed:
+        if saved.get("restart") and not replayed:  # read unevenly: replay, routers skip what was read
+            rewind(graph, saved["nodes"], prefix)
+            routers_state = saved["routers"]
+        elif not replayed:
             records = saved["nodes"]
             counts = {p: r["yielded"] for p, r in records.items()}
             plan = make_plan(graph, counts, strategy, sinks=sinks)
             routers_state = saved["routers"]
         else:  # restart the routers, skipping what was read
             rewind(graph, saved["nodes"], prefix)
-            routers_state = {r: {"position": 0, "kept": 0, "ended": False, "queues": {s: [] for s in shards},
-                                 "next": {s: (s if s in replayed else state["next"][s]) for s in shards}}
+            routers_state = {r: {**({"deal": state["deal"]} if "deal" in state else {}),
+                                 "position": 0, "kept": 0, "ended": False, "queues": {s: [] for s in shards},
+                                 "next": {s: (0 if s in replayed else state["next"][s]) for s in shards}}
                              for r, state in saved["routers"].items()}
     shared = {p: s for p, s in seeds.shared.items() if p in prefix}
     run = Run(graph, shared, sink=sinks[0], sinks=tuple(sinks[1:]), records=records, plan=plan,
@@ -152,7 +157,7 @@ class ShardEngine:
             saved = shard_states.get(shard)
             if self._rng.enabled:
                 plain = (saved or {}).get("rng")
-                rng_states[shard] = raw_from_plain(plain) if plain else seeded_rng(seeds.rng[shard])
+                rng_states[shard] = raw_from_plain(plain) if plain else seeded_rng(seeds.rng_seed(shard))
             self._runs[shard] = self._shard_run(shard, seeds, saved, plans.get(shard), shard in replayed)
         self._rng.reset(rng_states)
 
@@ -171,7 +176,8 @@ class ShardEngine:
                 for path, port in ports.items():
                     port.yielded = int(records.get(path, {}).get("yielded") or 0)
         own = {p: s for p, s in seeds.for_shard(shard).items() if p in self._downstream}
-        return Run(graph, own, ports=ports, records=records, plan=plan, buffer_state=self.buffer_state)
+        return Run(graph, own, sink=self.topology.shard_sink, ports=ports, records=records, plan=plan,
+                   buffer_state=self.buffer_state)
 
     # -- iterating ------------------------------------------------------------------------
 
@@ -212,7 +218,8 @@ class ShardEngine:
                 continue
             records = run.capture()
             counts = {p: r["yielded"] for p, r in records.items()}
-            plan = make_plan(graph, counts, RestoreStrategy.AUTO, ports=frozenset(self.topology.routers))
+            plan = make_plan(graph, counts, RestoreStrategy.AUTO, sinks=[self.topology.shard_sink],
+                             ports=frozenset(self.topology.routers))
             shards[shard] = {"produced": run.yielded, "exhausted": run.exhausted, "nodes": records,
                              "plan": plan.describe(), "rng": self._rng.state(shard), "persistent": persistent}
         return {"upstream": upstream, "shards": shards}

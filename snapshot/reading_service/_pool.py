@@ -103,7 +103,7 @@ class WorkerPool:
     def __init__(self, *, context: Any, template: bytes, topology: Topology, count: int, shards: Sequence[int],
                  num_workers: int, init_fn: Any, global_rng: GlobalRNG, timeout: float, prefetch: int,
                  dispatcher: Dispatcher | None = None, dispatched: frozenset[str] = frozenset(),
-                 buffer_state: str = "values"):
+                 buffer_state: str = "values", reset_fn: Any = None):
         self.count = count
         self.topology = topology
         self.dispatcher = dispatcher
@@ -121,7 +121,8 @@ class WorkerPool:
                 mine = [s for s in shards if self.owner[s] == index]
                 setup = _serialization.dumps({"graph": template, "count": count, "shards": mine,
                                               "worker": WorkerInfo(num_workers, index), "init_fn": init_fn,
-                                              "global_rng": GlobalRNG(global_rng), "buffer_state": buffer_state},
+                                              "global_rng": GlobalRNG(global_rng), "buffer_state": buffer_state,
+                                              "reset_fn": reset_fn},
                                              what="worker set-up")
                 requests_out, requests_in = context.Pipe(duplex=False)
                 results_out, results_in = context.Pipe(duplex=False)

@@ -4,6 +4,7 @@ the most-behind copy of the part above the sharding point."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -11,6 +12,8 @@ from snapshot.errors import LayoutError
 from snapshot.sharding import Topology
 
 __all__ = ["Part", "parts", "recombine"]
+
+_log = logging.getLogger(__name__)
 
 
 #: A part of the graph above the sharding point: its routers and the nodes above them.
@@ -39,9 +42,11 @@ def recombine(saved_upstream: Sequence[Mapping[str, Any]], saved_shards: Sequenc
     """
     upstream: dict[str, Any] | None = None
     if wanted:
-        upstream = {"nodes": {}, "routers": {}, "persistent": {}}
+        upstream = {"nodes": {}, "routers": {}, "persistent": {}, "restart": False}
         for routers, prefix in wanted:
             _recombine_part(upstream, saved_upstream, shards, routers, prefix)
+        if not upstream["restart"]:
+            del upstream["restart"]
     return {"upstream": upstream, "shards": {s: saved_shards[s] for s in shards}}
 
 
@@ -56,26 +61,50 @@ def _recombine_part(into: dict[str, Any], saved_upstream: Sequence[Mapping[str, 
     for candidate in copies:
         for shard in candidate["shards"]:
             owners[int(shard)] = candidate
+    uneven = [r for r in routers
+              if any(int(u["routers"][r]["position"]) < int(base["routers"][r]["position"]) for u in copies)]
+    if uneven:
+        _restart_part(into, base, owners, shards, routers, prefix)
+        return
     for router in routers:
         position = int(base["routers"][router]["position"])
-        behind = [u for u in copies if int(u["routers"][router]["position"]) < position]
-        if behind:
-            raise LayoutError(
-                f"the sharding points of this graph were read unevenly ({router}); restore onto the "
-                "same number of workers and ranks as when the snapshot was taken")
         queues, nexts = {}, {}
         for shard in shards:
-            owner = owners.get(int(shard))
-            if owner is None:
-                raise LayoutError(f"the snapshot has no owner for logical shard {shard}")
-            state = owner["routers"][router]
+            state = _owner(owners, shard)["routers"][router]
             nexts[shard] = int(state["next"][shard])
             queues[shard] = [[i, x] for i, x in state["queues"][shard]]
         kept = int(base["routers"][router]["kept"])
-        into["routers"][router] = {"position": position, "kept": kept, "ended": bool(base["routers"][router]["ended"]),
+        deal = {"deal": base["routers"][router]["deal"]} if "deal" in base["routers"][router] else {}
+        into["routers"][router] = {**deal, "position": position, "kept": kept,
+                                   "ended": bool(base["routers"][router]["ended"]),
                                    "next": nexts,
                                    "queues": {s: [e for e in q if int(e[0]) < kept] for s, q in queues.items()}}
     if base.get("rng") is not None:  # the dispatching part's own generator states
         into["rng"] = base["rng"]
     into["nodes"].update({p: r for p, r in base["nodes"].items() if p in prefix})
     into["persistent"].update({p: r for p, r in base.get("persistent", {}).items() if p in prefix})
+
+
+def _restart_part(into: dict[str, Any], base: Mapping[str, Any], owners: Mapping[int, Mapping[str, Any]],
+                  shards: Sequence[int], routers: Sequence[str], prefix: frozenset[str]) -> None:
+    """No saved copy of the part had read the least from every sharding point (two sharding
+    points feeding one pipe, read at different paces by different workers): the part restarts
+    from the start of the epoch, and each router deals every shard only what it had not read."""
+    _log.info("the sharding points %s were read unevenly by the saved workers: the part above them "
+              "replays from the start of the epoch", ", ".join(routers))
+    for router in routers:
+        state = base["routers"][router]
+        into["routers"][router] = {
+            "position": 0, "kept": 0, "ended": False, **({"deal": state["deal"]} if "deal" in state else {}),
+            "next": {s: _owner(owners, s)["routers"][router]["next"][s] for s in shards},
+            "queues": {s: [] for s in shards}}
+    into["restart"] = True
+    into["nodes"].update({p: r for p, r in base["nodes"].items() if p in prefix})
+    into["persistent"].update({p: r for p, r in base.get("persistent", {}).items() if p in prefix})
+
+
+def _owner(owners: Mapping[int, Mapping[str, Any]], shard: int) -> Mapping[str, Any]:
+    owner = owners.get(int(shard))
+    if owner is None:
+        raise LayoutError(f"the snapshot has no owner for logical shard {shard}")
+    return owner

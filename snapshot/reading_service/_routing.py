@@ -8,7 +8,59 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-__all__ = ["RemoteFetch", "RemoteRouter", "Router", "RouterPort"]
+__all__ = ["Deal", "RemoteFetch", "RemoteRouter", "Router", "RouterPort"]
+
+
+class Deal:
+    """Which unit (logical shard or sub-shard) sample ``i`` of a sharding point goes to.
+
+    An epoch starts with one level: sample ``i`` goes to unit ``i % M``. A restore onto a
+    number of ranks that cannot share the units equally adds a level ``(M', split, moved)``
+    from where each unit had stopped: sample ``i`` of unit ``u`` goes to unit ``i % M'`` once
+    ``i >= split[u]`` (``M'`` is a multiple of ``M``, so unit ``u`` keeps the samples
+    ``i = u mod M'`` and its sub-units ``u + k M`` take the others), except the few samples in
+    ``moved`` (sample index to unit) that even out the ranks' shares. Plain data: ``levels`` is
+    ``[[M], [M', {u: split}, {i: unit}], ...]``.
+    """
+
+    __slots__ = ("levels", "modulus")
+
+    def __init__(self, modulus: int, levels: Sequence[Sequence[Any]] | None = None):
+        self.levels: list[tuple[int, dict[int, int], dict[int, int]]] = [(int(modulus), {}, {})]
+        if levels:
+            self.levels = [(int(level[0]), _ints(level[1] if len(level) > 1 else {}),
+                            _ints(level[2] if len(level) > 2 else {})) for level in levels]
+        self.modulus = self.levels[-1][0]
+
+    def unit(self, index: int) -> int:
+        levels = self.levels
+        unit = index % levels[0][0]
+        for modulus, split, moved in levels[1:]:
+            start = split.get(unit)
+            if start is None or index < start:
+                break
+            unit = moved.get(index, index % modulus)
+        return unit
+
+    def after(self, unit: int, index: int) -> int:
+        """The smallest sample index above ``index`` that ``unit`` may still be dealt."""
+        if len(self.levels) == 1:
+            return index + self.modulus
+        return next((i for i in range(index + 1, index + self.modulus + 1) if self.unit(i) == unit),
+                    index + self.modulus)
+
+    def split(self, modulus: int, starts: Mapping[int, int], moved: Mapping[int, int] | None = None) -> Deal:
+        """This deal with the units split into ``modulus`` from each unit's ``starts`` on."""
+        if modulus % self.modulus:
+            raise ValueError(f"a split needs a multiple of {self.modulus} units, not {modulus}")
+        return Deal(modulus, [*self.state(), [modulus, dict(starts), dict(moved or {})]])
+
+    def state(self) -> list[list[Any]]:
+        return [[m, dict(split), dict(moved)] if i else [m] for i, (m, split, moved) in enumerate(self.levels)]
+
+
+def _ints(mapping: Mapping[Any, Any]) -> dict[int, int]:
+    return {int(k): int(v) for k, v in mapping.items()}
 
 
 class Router:
@@ -23,6 +75,7 @@ class Router:
                  state: Mapping[str, Any] | None = None, *, outer: tuple[int, int] = (1, 0)):
         self.source = source
         self.count = count
+        self.deal = Deal(count, state.get("deal") if state is not None else None)
         self.outer = outer
         self.position = 0  # samples read from the source
         self.kept = 0  # samples of this filter's share so far (the index shards are dealt by)
@@ -51,16 +104,17 @@ class Router:
                 continue
             index = self.kept
             self.kept = index + 1
-            target = index % self.count
+            target = self.deal.unit(index)
             wanted = self.queues.get(target)
             if wanted is not None and index >= self.next_index[target]:
                 wanted.append((index, item))
         index, item = queue.popleft()
-        self.next_index[shard] = index + self.count
+        self.next_index[shard] = self.deal.after(shard, index)
         return item
 
     def state(self) -> dict[str, Any]:
-        return {"position": self.position, "kept": self.kept, "ended": self.ended,
+        deal = {"deal": self.deal.state()} if len(self.deal.levels) > 1 else {}
+        return {**deal, "position": self.position, "kept": self.kept, "ended": self.ended,
                 "next": {s: i for s, i in self.next_index.items()},
                 "queues": {s: [[i, x] for i, x in q] for s, q in self.queues.items()}}
 

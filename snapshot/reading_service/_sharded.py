@@ -23,6 +23,9 @@ from snapshot.reading_service._engine import ShardEngine
 from snapshot.reading_service._merge import RoundRobin, merge_state_for, service_state
 from snapshot.reading_service._recombine import parts, recombine
 from snapshot.reading_service._rng import GlobalRNG
+from snapshot.reading_service._split import epoch_finished, split
+from snapshot.reading_service._tail import TAIL, Tail, check_restarted
+from snapshot.reading_service._worker_reset import same_layout_problems
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint
 from snapshot.sharding import Topology, WorkerInfo, analyze
 
@@ -104,12 +107,15 @@ class ShardedService(ReadingServiceInterface):
         self._executor: Executor | None = None
         self._merge: RoundRobin | None = None
         self._seeds: EpochSeeds | None = None
-        self._count = 0
+        self._count = 0  # L, the logical shards
+        self._units = 0  # this epoch's units: L, or sub-shards of them (see _split)
         self._owned: list[int] = []
+        self._tail: Tail | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_graph=None, _topology=None, _executor=None, _merge=None, _seeds=None, _count=0, _owned=[])
+        state.update(_graph=None, _topology=None, _executor=None, _merge=None, _seeds=None, _count=0, _units=0,
+                     _owned=[], _tail=None)
         return state
 
     # -- what subclasses decide -------------------------------------------------------------
@@ -144,13 +150,19 @@ class ShardedService(ReadingServiceInterface):
         self.configure(datapipe, count, range(count))
         return _Output(self)
 
-    def configure(self, datapipe: Any, count: int, shards: Sequence[int]) -> None:
-        """Run ``shards`` (a rank's share, or all) of ``count`` logical shards of ``datapipe``."""
+    def configure(self, datapipe: Any, count: int, shards: Sequence[int], units: int | None = None) -> None:
+        """Run ``shards`` (a rank's share, or all) of the ``units`` (default: ``count``) units of
+        ``count`` logical shards of ``datapipe``."""
         self.finalize()
+        units = units or count
         graph = Graph(datapipe)
-        topology = analyze(graph).for_shards(count)
-        self._graph, self._topology, self._count, self._owned = graph, topology, count, list(shards)
-        self._executor = self._make_executor(datapipe, graph, self._topology, count, self._owned)
+        topology = analyze(graph).for_shards(units)
+        self._graph, self._topology, self._count, self._units = graph, topology, count, units
+        self._owned = list(shards)
+        self._executor = self._make_executor(datapipe, graph, self._topology, units, self._owned)
+        if topology.tail:  # the part below a non-replicable pipe: once, here, over the merged stream
+            self._tail = Tail(graph, topology, units, self._owned, global_rng=self.global_rng,
+                              buffer_state=self.buffer_state)
 
     def initialize_iteration(
         self, seed_generator: SeedGenerator, iter_reset_fn: Callable[[Any], Any] | None = None
@@ -159,12 +171,17 @@ class ShardedService(ReadingServiceInterface):
         self._seeds = epoch_seeds(seed_generator, graph, self._count)
         executor.start(self._seeds)
         self._merge = RoundRobin(self._owned, executor.fetch)
+        if self._tail is not None:
+            self._tail.start(self._seeds, self._merge)
         return None
 
     def finalize(self) -> None:
         if self._executor is not None:
             self._executor.close()
             self._executor = None
+        if self._tail is not None:
+            self._tail.close()
+            self._tail = None
 
     # -- checkpoint / restore ---------------------------------------------------------------
 
@@ -174,39 +191,69 @@ class ShardedService(ReadingServiceInterface):
         engines, pending = self._executor.capture()
         for shard, items in pending.items():
             self._merge.in_flight[shard].extend(items)
-        return service_state(type(self).__name__, self._layout(), self._seeds, self._merge, engines, self._count)
+        layout = self._layout()
+        if self._units != self._count:
+            layout["units"] = self._units
+        state = service_state(type(self).__name__, layout, self._seeds, self._merge, engines, self._units)
+        if self._tail is not None:
+            state[TAIL] = self._tail.capture()
+        return state
 
     def validate(self, state: ServiceCheckpoint) -> list[str]:
         saved = int(state["layout"]["logical_shards"])
+        problems = same_layout_problems(state["layout"], self._reset_layout())
         if self.logical_shards is not None and self.logical_shards != saved:
-            return [f"the snapshot has {saved} logical shards but this service asks for logical_shards="
-                    f"{self.logical_shards}; the number of logical shards is fixed by the first run (leave "
-                    "logical_shards unset to take the saved value)"]
-        return []
+            problems.append(f"the snapshot has {saved} logical shards but this service asks for logical_shards="
+                            f"{self.logical_shards}; the number of logical shards is fixed by the first run (leave "
+                            "logical_shards unset to take the saved value)")
+        return problems
+
+    def _reset_layout(self) -> dict[str, Any] | None:
+        """The ``worker_reset_fn`` a restore would call, if any (see :mod:`._worker_reset`)."""
+        return None
 
     def restore(self, datapipe: Any, state: ServiceCheckpoint, *, strategy: Any = RestoreStrategy.AUTO,
-                shards: Sequence[int] | None = None) -> _Output:
+                shards: Sequence[int] | None = None, units: int | None = None, ranks: int = 1,
+                ahead: Sequence[int] = ()) -> _Output:
+        """Continue from ``state``, running ``shards`` of ``units`` (default: all the saved units;
+        more units split the saved ones, see :mod:`._split`) as one of ``ranks`` ranks, whose
+        callers hand out ``ahead`` outputs (per rank) before the restored streams."""
         if not state:
             if self._executor is None:
                 self.initialize(datapipe)
             return _Output(self)
         count = int(state["layout"]["logical_shards"])
-        owned = list(shards) if shards is not None else list(range(count))
-        if self._executor is None or count != self._count or owned != self._owned:
+        saved_units = int(state["layout"].get("units", count))
+        units = units or saved_units
+        owned = list(shards) if shards is not None else list(range(units))
+        if self._executor is None or (count, units, owned) != (self._count, self._units, self._owned):
             if self._graph is not None:
                 datapipe = self._graph.sink
             elif self._executor is None:
                 datapipe = self._prepare(datapipe)
-            self.configure(datapipe, count, owned)
+            self.configure(datapipe, count, owned, units)
+        rebalance = ranks > 1 and int(state["layout"].get("ranks", 1)) != ranks
+        if units != saved_units or rebalance:
+            _log.info("re-sharding: the saved %d unit(s) of %d logical shard(s) run as %d on %d rank(s)", saved_units,
+                      count, units, ranks)
+            state = split(state, units, analyze(self._require()[1]), finished=epoch_finished(state), ranks=ranks,
+                          rebalance=rebalance, ahead=ahead)
         saved_workers, workers = int(state["layout"].get("workers", 0)), int(self._layout()["workers"])
         if saved_workers != workers:
             _log.info("re-sharding: %d logical shard(s) saved with %d worker(s) per rank now run on %d "
                       "(this process owns shards %s)", count, saved_workers, workers, owned)
         executor, _ = self._require()
         self._seeds = EpochSeeds.from_state(state["seeds"])
-        executor.start(self._seeds, state, RestoreStrategy.parse(strategy))
+        strategy = RestoreStrategy.parse(strategy)
+        restart = self._tail is not None and self._tail.restarts_epoch(state.get(TAIL), strategy)
+        executor.start(self._seeds, None if restart else state, strategy)  # restart: see _tail
         self._merge = RoundRobin(owned, executor.fetch)
-        self._merge.load(merge_state_for(state, owned), state["shards"])
+        if not restart:
+            self._merge.load(merge_state_for(state, owned), state["shards"])
+        if self._tail is not None:
+            self._tail.start(self._seeds, self._merge, state[TAIL], strategy, restarted=restart)
+            if restart:
+                check_restarted(self._merge, merge_state_for(state, owned))
         return _Output(self)
 
     def _require(self) -> tuple[Executor, Graph]:
@@ -218,11 +265,15 @@ class ShardedService(ReadingServiceInterface):
         """Samples this service yielded in the epoch, and whether its shards are all exhausted."""
         if self._merge is None:
             return 0, False
+        if self._tail is not None:
+            return self._tail.progress()
         return sum(self._merge.consumed.values()), len(self._merge.exhausted) == len(self._merge.shards)
 
     def stream(self) -> Iterator[Any]:
         """The current epoch's merged stream."""
-        return self._merge if self._merge is not None else iter(())
+        if self._merge is None:
+            return iter(())
+        return self._tail if self._tail is not None else self._merge
 
 
 class _Output:
@@ -233,3 +284,4 @@ class _Output:
 
     def __iter__(self) -> Iterator[Any]:
         return self._service.stream()
+

@@ -111,15 +111,19 @@ def _serve(requests: Connection, sender: transport.Sender, setup: bytes, parent:
 def _make_engine(config: dict[str, Any], fetch: Any) -> Any:
     from snapshot.graph import Graph
     from snapshot.reading_service._engine import ShardEngine
+    from snapshot.reading_service._worker_reset import ResetEngine
     from snapshot.sharding import analyze
 
     template = config["graph"]
     graph = Graph(_serialization.loads_graph(template))
-    return ShardEngine(graph, lambda: _serialization.loads_graph(template),
-                       analyze(graph).for_shards(config["count"]), config["count"],
-                       config["shards"], worker=config["worker"], init_fn=config["init_fn"],
-                       global_rng=config["global_rng"], protect_caller_rng=False, remote=fetch,
-                       buffer_state=config.get("buffer_state", "values"))
+    reset_fn = config.get("reset_fn")
+    options = {"reset_fn": reset_fn} if reset_fn is not None else {}
+    kind = ShardEngine if reset_fn is None else ResetEngine
+    return kind(graph, lambda: _serialization.loads_graph(template),
+                analyze(graph).for_shards(config["count"]), config["count"],
+                config["shards"], worker=config["worker"], init_fn=config["init_fn"],
+                global_rng=config["global_rng"], protect_caller_rng=False, remote=fetch,
+                buffer_state=config.get("buffer_state", "values"), **options)
 
 
 class _Server:

@@ -36,15 +36,17 @@ import torch
 import torch.distributed as dist
 
 from snapshot import _atomic, format, multipart
-from snapshot.errors import LayoutError, RankError, ShardingError, SnapshotError
+from snapshot.errors import RankError, ShardingError, SnapshotError
 from snapshot.graph import Graph
 from snapshot.multipart import distributed_manifest, part_info
 from snapshot.plan import RestoreStrategy
 from snapshot.randomness import SeedGenerator
+from snapshot.reading_service._even import EvenBatches, First, deal, saved_first, saved_last
 from snapshot.reading_service._sharded import ShardedService, resolve_logical_shards
+from snapshot.reading_service._split import epoch_units, restore_units
+from snapshot.reading_service._worker_reset import same_layout_problems
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint
 from snapshot.reading_service.in_process import InProcessReadingService
-from snapshot.schema import shard_finished
 from snapshot.sharding import analyze
 
 __all__ = ["Collective", "DistributedReadingService"]
@@ -109,19 +111,21 @@ class Collective:
         token = self.broadcast(uuid.uuid4().hex[:12], "agreeing on a snapshot directory")
         directory = multipart.staging(os.fspath(dest), token)
         try:
-            self._save_parts(directory, part, manifest, dest, key)
+            self._save_parts(directory, part, manifest, dest, key, token)
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise
 
     def _save_parts(self, directory: str, part: bytes, manifest: dict[str, Any], dest: Any,
-                    key: bytes | str | None) -> None:
+                    key: bytes | str | None, token: str) -> None:
         error = None
+        pieces = [part]
         try:
-            _atomic.atomic_write(os.path.join(directory, multipart.part_name(self.rank)), part)
-        except OSError as exc:
+            pieces = multipart.stamp(part, token, key=key)  # the part carries the id of this save, as the index
+            _atomic.atomic_write(os.path.join(directory, multipart.part_name(self.rank)), pieces)
+        except (OSError, SnapshotError) as exc:
             error = f"{type(exc).__name__}: {exc}"
-        info = {**part_info(self.rank, manifest, part), "error": error}
+        info = {**part_info(self.rank, manifest, pieces), "error": error}
         infos = self.all_gather(info, "writing the parts of a snapshot")
         failed = [i for i in infos if i["error"]]
         if failed:
@@ -130,7 +134,7 @@ class Collective:
         if self.rank == 0:
             try:
                 _atomic.atomic_write(os.path.join(directory, multipart.MANIFEST),
-                                    format.pack(distributed_manifest(infos), b"", key=key))
+                                    format.pack(distributed_manifest(infos, save=token), b"", key=key))
                 multipart.commit(os.fspath(dest), directory)
                 error = None
             except (OSError, SnapshotError) as exc:
@@ -172,12 +176,16 @@ class DistributedReadingService(ReadingServiceInterface):
         self.even_batches = even_batches
         self.executor: ShardedService = executor if executor is not None else InProcessReadingService()
         self._collective: Collective | None = None
-        self._even: _EvenBatches | None = None  # the current epoch's (with a policy)
+        self._even: EvenBatches | None = None  # the current epoch's (with a policy)
         self._resume_last: list[Any] | None = None  # what "pad" repeats, from a restored snapshot
+        self._first: list[Any] = []  # what this rank hands out before the restored stream
+        self._stream: Iterator[Any] | None = None  # this epoch's local stream
+        self._pending_first: list[list[Any]] = []  # given by hand_out_first() for the next restore
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_collective=None, _even=None, _resume_last=None)
+        state.update(_collective=None, _even=None, _resume_last=None, _first=[], _pending_first=[],
+                     _stream=None)
         return state
 
     @property
@@ -194,6 +202,15 @@ class DistributedReadingService(ReadingServiceInterface):
             group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.timeout))
             self._collective = Collective(group, dist.get_rank(), dist.get_world_size(), self.timeout)
         return self._collective
+
+    def hand_out_first(self, per_rank: list[list[Any]]) -> None:
+        """Before a restore: samples the saved ranks are to yield before their restored streams
+        (batches that a trainer's fetcher had taken ahead of the saved step, say), one list per
+        saved rank, the same on every rank. Each rank yields its share of them first, under the
+        ``even_batches`` policy like every other sample: its own list on the same number of ranks,
+        else the lists dealt as evenly as they can be, and the restore evens out the rest of the
+        epoch around them. A snapshot taken before they are all yielded keeps the rest."""
+        self._pending_first = [list(items) for items in per_rank]
 
     def owned(self, count: int) -> list[int]:
         collective = self._connect()
@@ -220,10 +237,8 @@ class DistributedReadingService(ReadingServiceInterface):
                 f"the graph has no sharding point, so its {collective.world} ranks would each read the whole "
                 "dataset: add .sharding_filter() where samples may be split")
         count = resolve_logical_shards(requested, topology, default)
-        if collective.world > count:
-            raise LayoutError(f"{collective.world} ranks cannot share {count} logical shard(s); "
-                              f"use logical_shards >= {collective.world} on a first run")
-        self.executor.configure(datapipe, count, self.owned(count))
+        units = epoch_units(count, collective.world)
+        self.executor.configure(datapipe, count, self.owned(units), units)
         return _Output(self)
 
     def initialize_iteration(
@@ -233,8 +248,12 @@ class DistributedReadingService(ReadingServiceInterface):
         states = collective.all_gather(seed_generator.state(), "checking the epoch's seeds")
         if any(state != states[0] for state in states):
             seed_generator.set_state(states[0])  # rank 0's seeds drive every rank
-        self._even, self._resume_last = None, None
-        return self.executor.initialize_iteration(seed_generator, iter_reset_fn)
+        self._even, self._resume_last, self._first, self._stream = None, None, [], None
+        executor = self.executor
+        units = epoch_units(executor._count, collective.world)
+        if executor._graph is not None and executor._units != units:  # the epoch after a split restore
+            executor.configure(executor._graph.sink, executor._count, self.owned(units), units)
+        return executor.initialize_iteration(seed_generator, iter_reset_fn)
 
     def finalize_iteration(self) -> None:
         self.executor.finalize_iteration()
@@ -257,22 +276,22 @@ class DistributedReadingService(ReadingServiceInterface):
             state["service"] = type(self).__name__
             state["layout"] = {**state["layout"], "ranks": collective.world, "rank": collective.rank,
                                "even_batches": self.even_batches}
-            state["even_batches"] = self._even.state() if self._even is not None else _EvenBatches.initial()
+            record = self._even.state() if self._even is not None else EvenBatches.initial()
+            record["first"] = list(self._stream.items) if isinstance(self._stream, First) else list(self._first)
+            state["even_batches"] = record
         return state
 
     def validate(self, state: ServiceCheckpoint) -> list[str]:
         problems = self.executor.validate(state)
-        collective = self._connect()
-        count = int(state["layout"]["logical_shards"])
-        if collective.world > count:
-            problems.append(f"the snapshot has {count} logical shard(s), which cannot be shared by "
-                            f"{collective.world} ranks; use at most {count} ranks")
-        else:
-            fewest = count // collective.world
-            workers = self.executor.workers
-            if workers > fewest:
-                problems.append(f"with {collective.world} ranks, some rank gets {fewest} of the {count} logical "
-                                f"shards, which cannot keep {workers} workers per rank busy; use at most {fewest}")
+        world = self._connect().world
+        problems += [p for p in same_layout_problems(state["layout"], self.executor._reset_layout(), ranks=world)
+                     if p not in problems]  # a worker_reset_fn's snapshot restores on its own ranks only
+        saved = int(state["layout"].get("units", state["layout"]["logical_shards"]))
+        mine = restore_units(saved, world) // world
+        workers = self.executor.workers
+        if workers > mine:
+            problems.append(f"on {world} ranks each rank runs {mine} logical shard(s) (or sub-shards) of this "
+                            f"snapshot, which cannot keep {workers} workers per rank busy; use at most {mine}")
         return problems
 
     def restore(self, datapipe: Any, state: ServiceCheckpoint, *, strategy: Any = RestoreStrategy.AUTO) -> _Output:
@@ -280,24 +299,24 @@ class DistributedReadingService(ReadingServiceInterface):
             if self.executor._executor is None:
                 self.initialize(datapipe)
             return _Output(self)
-        count = int(state["layout"]["logical_shards"])
-        saved_ranks, world = int(state["layout"].get("ranks", 1)), self._connect().world
-        if saved_ranks != world:
-            _log.info("re-sharding: %d logical shard(s) saved on %d rank(s) now run on %d; rank %d owns shards %s",
-                      count, saved_ranks, world, self._connect().rank, self.owned(count))
-            if self.even_batches is not None and not _epoch_finished(state) and self._connect().rank == 0:
-                _log.warning(
-                    "a mid-epoch snapshot saved on %d rank(s) restores onto %d with even_batches=%r: the rest of "
-                    "this epoch's shares can be uneven, and the policy then %s so that every rank takes the same "
-                    "number of steps. To keep every sample exactly once, restore on %d rank(s), save at the end "
-                    "of an epoch, or use even_batches=None (ranks may then take different numbers of steps).",
-                    saved_ranks, world, self.even_batches,
-                    "drops the tails of the longer shares" if self.even_batches == "drop"
-                    else "repeats samples on the shorter shares", saved_ranks)
+        collective = self._connect()
+        saved = int(state["layout"].get("units", state["layout"]["logical_shards"]))
+        units = restore_units(saved, collective.world)
+        saved_ranks = int(state["layout"].get("ranks", 1))
+        if saved_ranks != collective.world:
+            _log.info("re-sharding: %d unit(s) saved on %d rank(s) now run as %d on %d; rank %d owns %s",
+                      saved, saved_ranks, units, collective.world, collective.rank, self.owned(units))
         if self.executor._executor is None:
             datapipe = self.executor._prepare(datapipe)
-        self.executor.restore(datapipe, state, strategy=strategy, shards=self.owned(count))
-        self._even, self._resume_last = None, _saved_last(state, self._connect().rank)
+        first = saved_first(state, collective.rank, collective.world)
+        if self._pending_first:
+            first += deal(self._pending_first, collective.rank, collective.world)
+            self._pending_first = []
+        ahead = collective.all_gather(len(first), "agreeing on the samples handed out before the stream") \
+            if saved_ranks != collective.world else [len(first)] * collective.world
+        self.executor.restore(datapipe, state, strategy=strategy, shards=self.owned(units), units=units,
+                              ranks=collective.world, ahead=ahead)
+        self._even, self._resume_last, self._first = None, saved_last(state, collective.rank), first
         return _Output(self)
 
     def progress(self) -> tuple[int, bool]:
@@ -305,87 +324,14 @@ class DistributedReadingService(ReadingServiceInterface):
 
     def stream(self) -> Iterator[Any]:
         local = self.executor.stream()
+        if self._first:
+            local, self._first = First(self._first, local), []
+        self._stream = local
         if self.even_batches is None:
             return local
-        self._even = _EvenBatches(local, self._connect(), self.even_batches, self._resume_last)
+        self._even = EvenBatches(local, self._connect(), self.even_batches, self._resume_last)
         self._resume_last = None
         return self._even
-
-
-def _epoch_finished(state: ServiceCheckpoint) -> bool:
-    """Whether the saved epoch had ended: the policy ended it on every rank, or the loader had
-    taken the last sample of every logical shard."""
-    saved = [r.get("even_batches") for r in state.get("ranks", [])] or [state.get("even_batches")]
-    if any(record and record.get("ended") for record in saved):
-        return True
-    shards = [record for record in state.get("shards") or [] if record is not None]
-    return bool(shards) and all(shard_finished(record) for record in shards)
-
-
-def _saved_last(state: ServiceCheckpoint, rank: int) -> list[Any]:
-    """The sample ``"pad"`` repeats on ``rank`` after a restore: the one this rank saved; after a
-    restore onto another number of ranks, one that a saved rank had (its own number first)."""
-    saved = [r.get("even_batches") for r in state.get("ranks", [])] or [state.get("even_batches")]
-    order = ([rank] if rank < len(saved) else []) + [r for r in range(len(saved)) if r != rank]
-    for index in order:
-        record = saved[index]
-        if record and record.get("last"):
-            return list(record["last"])
-    return []
-
-
-class _EvenBatches(Iterator[Any]):
-    """Every rank yields the same number of samples (see ``even_batches``).
-
-    ``last`` is the last sample this rank's share yielded (``[]`` or ``[sample]``): ``"pad"``
-    repeats it once the share runs out, so it is part of the snapshot.
-    """
-
-    def __init__(self, local: Iterator[Any], collective: Collective, policy: str, last: list[Any] | None = None):
-        self.local = local
-        self.collective = collective
-        self.policy = policy
-        self.last: list[Any] = list(last or [])
-        self.padded = 0
-        self.done = False
-
-    @staticmethod
-    def initial() -> dict[str, Any]:
-        return {"last": [], "padded": 0}
-
-    def state(self) -> dict[str, Any]:
-        return {"last": list(self.last) if self.policy == "pad" else [], "padded": self.padded, "ended": self.done}
-
-    def __iter__(self) -> _EvenBatches:
-        return self
-
-    def __next__(self) -> Any:
-        if self.done:
-            raise StopIteration
-        try:
-            item, has = next(self.local), 1
-        except StopIteration:
-            item, has = None, 0
-        if self.policy == "drop":
-            everyone = self.collective.all_reduce_min(has, "agreeing on the end of the epoch")
-            if not everyone:
-                self.done = True
-                raise StopIteration
-            return item
-        anyone = self.collective.all_reduce_max(has, "agreeing on the end of the epoch")
-        if not anyone:
-            self.done = True
-            raise StopIteration
-        if has:
-            self.last = [item]
-            return item
-        if not self.last:
-            raise RankError(
-                f"rank {self.collective.rank} has no sample at all to pad its share with (even_batches=\"pad\" "
-                "repeats a rank's last sample): give the graph at least one sample per rank, or use "
-                "even_batches=\"drop\"")
-        self.padded += 1
-        return self.last[0]
 
 
 class _Output:

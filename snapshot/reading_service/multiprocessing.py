@@ -11,7 +11,9 @@ deals its samples to the workers' shards (see :mod:`._dispatch`).
 A snapshot is exact while workers run ahead: each worker reports its state between two
 samples (it is paused only for that), and the samples it had produced that the loader has
 not yielded yet are stored by value in the snapshot and yielded first after a restore. A
-snapshot taken with W workers restores onto any W' <= L workers, or in-process.
+snapshot taken with W workers restores onto any W' <= L workers, or in-process (unless a
+``worker_reset_fn`` ties it to its layout). A non-replicable tail (see :mod:`snapshot.sharding`)
+runs in the main process over the merged stream.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ from typing import Any
 
 from snapshot import _serialization
 from snapshot._warnings import user_stacklevel
-from snapshot.errors import LayoutError, SnapshotError
+from snapshot.errors import LayoutError
 from snapshot.graph import Graph
 from snapshot.reading_service._dispatch import Dispatcher
 from snapshot.reading_service._pool import WorkerPool
 from snapshot.reading_service._rng import GlobalRNG
 from snapshot.reading_service._sharded import Executor, LocalExecutor, ShardedService
+from snapshot.reading_service._worker_reset import RESET_FN, callable_name
 from snapshot.reading_service.base import ServiceCheckpoint
 from snapshot.sharding import Topology, WorkerInfo, analyze
 
@@ -39,10 +42,10 @@ class MultiProcessingReadingService(ShardedService):
     """Load with ``num_workers`` processes; exact snapshots; restore onto any worker count <= L.
 
     Compared with torchdata 0.9's service of the same name: the arguments after
-    ``num_workers`` are keyword-only; ``worker_reset_fn`` is refused (see below); and since
-    samples are dealt to logical shards, not to workers, the stream of a graph with random
-    pipes below the sharding point differs from torchdata's (it is instead the same for any
-    number of workers).
+    ``num_workers`` are keyword-only; a ``worker_reset_fn`` ties snapshots to the layout (see
+    below); and since samples are dealt to logical shards, not to workers, the stream of a
+    graph with random pipes below the sharding point differs from torchdata's (it is instead
+    the same for any number of workers).
 
     Args:
         num_workers: worker processes (0 runs in the main process, like
@@ -63,12 +66,17 @@ class MultiProcessingReadingService(ShardedService):
         main_prefetch_cnt: torchdata 0.9's main-process prefetch; not needed (samples queue in
             the pipes), kept as an attribute and ignored, with a warning when above 0.
         worker_reset_fn: torchdata 0.9's per-epoch hook ``fn(datapipe, worker_info,
-            seed_generator)``; refused with a :class:`~snapshot.SnapshotError`. It reseeds or
-            rebuilds each worker's graph outside the engine, per *worker*, so the stream would
-            depend on the number of workers and a snapshot could not reproduce it. The loader
-            already reseeds every random pipe each epoch from ``DataLoader2.seed()``; call
-            ``seed(s)`` before each epoch to repeat an order, and use ``worker_init_fn`` for
-            per-worker set-up.
+            seed_generator)``, called in each worker at the start of each epoch on each of its
+            shards' copies of the graph, after the engine seeded it, with a
+            :class:`~snapshot.SeedGenerator` spawned for the worker from the epoch's seeds. It
+            changes the graph in place (reseeds pipes, sets attributes) and returns it or
+            ``None``. Since it sees workers, the stream may then depend on the number of
+            workers: a snapshot records the layout and restores only onto the same one (the same
+            ``num_workers`` and logical shards, and, with ranks, the same number of ranks;
+            another worker count or service is refused with a :class:`~snapshot.LayoutError`).
+            A restore calls it again with the generator of the saved epoch before the saved
+            states are installed. With ``num_workers=0`` it is not called, as in torchdata 0.9
+            (a warning says so).
     """
 
     def __init__(
@@ -85,13 +93,6 @@ class MultiProcessingReadingService(ShardedService):
         main_prefetch_cnt: int | None = None,
         worker_reset_fn: Callable[[Any, WorkerInfo, Any], Any] | None = None,
     ) -> None:
-        if worker_reset_fn is not None:
-            raise SnapshotError(
-                "MultiProcessingReadingService(worker_reset_fn=...) is not supported: it would reseed or "
-                "rebuild each worker's graph behind the engine's back, per worker, so the stream would "
-                "depend on num_workers and snapshots could not reproduce it. Every random pipe is already "
-                "reseeded each epoch from DataLoader2.seed() (call dl.seed(s) before an epoch to repeat its "
-                "order); use worker_init_fn=fn(datapipe, worker_info) for per-worker set-up.")
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         if multiprocessing_context is not None and multiprocessing_context not in mp.get_all_start_methods():
@@ -108,6 +109,10 @@ class MultiProcessingReadingService(ShardedService):
         self.main_prefetch_cnt = main_prefetch_cnt or 0
         self.multiprocessing_context = multiprocessing_context
         self.worker_init_fn = worker_init_fn
+        self.worker_reset_fn = worker_reset_fn
+        if worker_reset_fn is not None and num_workers == 0:
+            warnings.warn("worker_reset_fn is not called with num_workers=0 (as in torchdata 0.9): there are no "
+                          "workers", stacklevel=2)
         self.timeout = timeout
         self._running = 0
 
@@ -145,24 +150,39 @@ class MultiProcessingReadingService(ShardedService):
             workers = 1
         if workers > len(shards):
             raise LayoutError(
-                f"{workers} workers cannot share {len(shards)} logical shard(s): each shard runs in one worker. "
-                f"Use num_workers <= {len(shards)}, or (on a first run) logical_shards >= num_workers.")
+                f"{workers} workers cannot share {len(shards)} logical shard(s): each logical shard runs in one "
+                f"worker, so at most {len(shards)} workers run here (W' <= L; L is fixed by a stream's first run, by "
+                f"default to its num_workers). Use num_workers <= {len(shards)}, or (on a first run) "
+                f"logical_shards >= num_workers: a larger L leaves room to add workers on a later restore.")
         self._running = workers
         dispatcher = Dispatcher(graph, topology, count, shards, global_rng=self.global_rng) \
             if topology.dispatchers else None
         return WorkerPool(context=self._context(), template=template, topology=topology, count=count,
                           shards=shards, num_workers=workers, init_fn=self.worker_init_fn,
                           global_rng=self.global_rng, timeout=self.timeout, prefetch=self.prefetch_factor,
-                          dispatcher=dispatcher, dispatched=analyze(graph).dispatched, buffer_state=self.buffer_state)
+                          dispatcher=dispatcher, dispatched=analyze(graph).dispatched, buffer_state=self.buffer_state,
+                          reset_fn=self.worker_reset_fn)
 
     def _layout(self) -> dict[str, Any]:
         assignment = {str(s): i % max(self._running, 1) for i, s in enumerate(self._owned)}
-        return {"logical_shards": self._count, "workers": self._running, "ranks": 1, "owners": assignment}
+        layout = {"logical_shards": self._count, "workers": self._running, "ranks": 1, "owners": assignment}
+        if self.worker_reset_fn is not None and self._running:
+            layout[RESET_FN] = self._reset_layout()
+        return layout
 
     def validate(self, state: ServiceCheckpoint) -> list[str]:
         problems = super().validate(state)
-        saved = int(state["layout"]["logical_shards"])
+        saved = int(state["layout"].get("units", state["layout"]["logical_shards"]))
         if self.num_workers > saved:
             problems.append(f"the snapshot has {saved} logical shard(s), which cannot keep {self.num_workers} "
-                            f"workers busy: each logical shard runs in one worker; use num_workers <= {saved}")
+                            f"workers busy: each logical shard runs in one worker, so a restore runs at most "
+                            f"{saved} workers (W' <= L; L was fixed by the stream's first run, by default to its "
+                            f"num_workers); use num_workers <= {saved}. To add workers later, start a stream with "
+                            f"logical_shards= above its num_workers (for example 8)")
         return problems
+
+    def _reset_layout(self) -> dict[str, Any] | None:
+        """The ``worker_reset_fn`` a restore would call, and in how many workers."""
+        if self.worker_reset_fn is None or self.num_workers == 0:
+            return None
+        return {"function": callable_name(self.worker_reset_fn), "num_workers": self.num_workers}

@@ -72,6 +72,12 @@ class SequentialReadingService(ReadingServiceInterface):
                 strategy: Any = RestoreStrategy.AUTO) -> Iterable[Any]:
         return self.inner.restore(datapipe, state, strategy=strategy)
 
+    def hand_out_first(self, per_rank: list[list[Any]]) -> None:
+        """See :meth:`DistributedReadingService.hand_out_first`."""
+        if not isinstance(self.inner, DistributedReadingService):
+            raise TypeError("hand_out_first() needs a DistributedReadingService")
+        self.inner.hand_out_first(per_rank)
+
     def progress(self) -> tuple[int, bool]:
         progress: Callable[[], tuple[int, bool]] = getattr(self.inner, "progress")  # noqa: B009
         return progress()

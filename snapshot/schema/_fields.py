@@ -20,6 +20,11 @@ RESTORE_METHODS = ("state", "replay")
 SHARDED_SERVICES = frozenset({"InProcessReadingService", "MultiProcessingReadingService",
                               "DistributedReadingService"})
 SEED_SOURCES = ("user", "drawn")
+#: ``DistributedReadingService(even_batches=...)``: the policies a layout may name (``None``: unequal ranks).
+EVEN_BATCHES = ("drop", "pad", None)
+#: Counts, sizes and indices are int64 (as torch's); seeds are uint64.
+MAX_COUNT = 2**63 - 1
+UINT64_LIMIT = 2**64
 #: In a payload's shard record: the loader took the shard's last sample / its graph produced it.
 SHARD_FINISHED, SHARD_PRODUCED_ALL = "finished", "exhausted"
 _PART_NAME = re.compile(r"rank-(\d{5})\.snap")
@@ -55,12 +60,21 @@ def _list(value: Any, where: str) -> list[Any]:
     return value
 
 
-def _int(value: Any, where: str, *, minimum: int | None = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+def _int(value: Any, where: str, *, minimum: int | None = 0, maximum: int = MAX_COUNT) -> int:
+    """An int in ``[minimum, maximum]`` (a count, a size or an index unless told otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
         expected = "a non-negative int" if minimum == 0 else "an int" if minimum is None else f"an int >= {minimum}"
         raise _fail(where, expected, value)
-    if minimum is not None and value < minimum:
-        raise _fail(where, "a non-negative int" if minimum == 0 else f"an int >= {minimum}", value)
+    if value > maximum:
+        raise _fail(where, "an int below 2**63 (a count, size or index; no data set reaches this)"
+                    if maximum == MAX_COUNT else f"an int <= {maximum}", value)
+    return value
+
+
+def _seed(value: Any, where: str) -> int:
+    """A seed: a uint64, as ``DataLoader2.seed()`` takes."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < UINT64_LIMIT:
+        raise _fail(where, "a seed, an int in [0, 2**64)", value)
     return value
 
 

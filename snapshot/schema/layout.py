@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from snapshot.schema._fields import (
+    EVEN_BATCHES,
     SEED_SOURCES,
+    SHARDED_SERVICES,
     T,
     _bool,
     _choice,
@@ -18,6 +20,7 @@ from snapshot.schema._fields import (
     _key,
     _object,
     _records,
+    _seed,
     _str,
     _texts,
 )
@@ -148,9 +151,15 @@ class Randomness:
     @classmethod
     def from_dict(cls, value: Any, where: str = "randomness") -> Randomness:
         f = _Fields(value, where)
-        return cls(seed=f.get("seed", lambda v, w: _int(v, w, minimum=None), None),
-                   seed_source=f.get("seed_source", lambda v, w: _choice(v, w, SEED_SOURCES), None),
-                   node_seeds=f.get("node_seeds", _texts, {}))
+        randomness = cls(seed=f.get("seed", _seed, None),
+                         seed_source=f.get("seed_source", lambda v, w: _choice(v, w, SEED_SOURCES), None),
+                         node_seeds=f.get("node_seeds", _texts, {}))
+        if (randomness.seed is None) != (randomness.seed_source is None):
+            # a seed is always written with where it came from, and a source never without its seed
+            raise _fail(f"{where}.seed_source" if randomness.seed is None else f"{where}.seed",
+                        "a seed and its source together, or neither",
+                        f"seed={randomness.seed!r}, seed_source={randomness.seed_source!r}")
+        return randomness
 
     def to_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "seed_source": self.seed_source, "node_seeds": dict(self.node_seeds)}
@@ -193,10 +202,12 @@ def _owners(value: Any, where: str) -> dict[str, Owner]:
 
 @dataclass(frozen=True)
 class ServiceLayout:
-    """The reading service: its class name, logical shards, workers, ranks and shard owners."""
+    """The reading service: its class name, logical shards (and the epoch's units, when they are
+    split into sub-shards), workers, ranks and the owners of the units."""
 
     name: str
     logical_shards: int | None = None
+    units: int | None = None
     workers: int | None = None
     ranks: int | None = None
     rank: int | None = None
@@ -206,22 +217,53 @@ class ServiceLayout:
     @classmethod
     def from_dict(cls, value: Any, where: str = "service") -> ServiceLayout:
         f = _Fields(value, where)
-        layout = cls(name=f.get("name", _str, "?"),
+        layout = cls(name=f.required("name", _str),
                      logical_shards=f.get("logical_shards", lambda v, w: _int(v, w, minimum=1), None),
+                     units=f.get("units", lambda v, w: _int(v, w, minimum=1), None),
                      workers=f.get("workers", _int, None),
                      ranks=f.get("ranks", lambda v, w: _int(v, w, minimum=1), None),
                      rank=f.get("rank", _int, None),
                      owners=f.get("owners", _owners, {}),
                      extra=f.extra())
-        if layout.logical_shards is not None:
-            for key in layout.owners:
-                if int(key) >= layout.logical_shards:
-                    raise _fail(f"{where}.owners", f"logical shards below {layout.logical_shards}", key)
+        layout._check(where, f.data.get("owners"))
         return layout
+
+    def _check(self, where: str, owners: Any) -> None:
+        """The layout agrees with itself: ranks, units, policies and owners within their bounds."""
+        if self.rank is not None and (self.ranks is None or self.rank >= self.ranks):
+            raise _fail(f"{where}.rank", f"a rank below service.ranks ({self.ranks})", self.rank)
+        if "even_batches" in self.extra and self.extra["even_batches"] not in EVEN_BATCHES:
+            raise _fail(f"{where}.even_batches", "one of 'drop', 'pad', null", self.extra["even_batches"])
+        units = self.units
+        if self.logical_shards is None:
+            return  # before the first epoch, or a service of the user's own
+        if units is not None:
+            _int(units, f"{where}.units", minimum=self.logical_shards)
+            if units % self.logical_shards:
+                raise _fail(f"{where}.units", f"a multiple of logical_shards ({self.logical_shards})", units)
+        if self.name in SHARDED_SERVICES:
+            for key in ("workers", "ranks"):
+                if getattr(self, key) is None:
+                    raise _fail(f"{where}.{key}", f"a value (the field is missing; {self.name} writes it)",
+                                "nothing")
+            if not self.owners:
+                raise _fail(f"{where}.owners", f"the worker that runs each logical shard (an object "
+                            f"{{shard: worker}}; {self.name} with {self.logical_shards} logical shards has "
+                            "at least one)", owners)
+        limit = max(self.logical_shards, units or 0)
+        for key, owner in self.owners.items():
+            if int(key) >= limit:
+                raise _fail(f"{where}.owners", f"logical shards below {limit}", key)
+            if self.workers is not None and owner.worker >= max(self.workers, 1):
+                raise _fail(f"{where}.owners[{key!r}].worker", f"a worker below service.workers "
+                            f"({self.workers}; 0 means the loader's own process)", owner.worker)
+            if owner.rank is not None and self.ranks is not None and owner.rank >= self.ranks:
+                raise _fail(f"{where}.owners[{key!r}].rank", f"a rank below service.ranks ({self.ranks})",
+                            owner.rank)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
-        for key in ("logical_shards", "workers", "ranks", "rank"):
+        for key in ("logical_shards", "units", "workers", "ranks", "rank"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         if self.owners:

@@ -3,12 +3,14 @@ the parts of a distributed snapshot, and :class:`Manifest` itself."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from snapshot.errors import ManifestError
 from snapshot.schema._fields import (
     FORMAT_VERSION,
+    SHARDED_SERVICES,
     _counts,
     _fail,
     _Fields,
@@ -16,12 +18,15 @@ from snapshot.schema._fields import (
     _optional,
     _records,
     _sha256,
+    _show,
     _str,
     _texts,
     check_format,
 )
 from snapshot.schema.layout import GraphDesc, LoaderPosition, Randomness, RankPosition, ServiceLayout
-from snapshot.schema.positions import NodePosition, ShardPosition, UpstreamPosition, VerifyRecord
+from snapshot.schema.positions import NodePosition, SavedState, ShardPosition, UpstreamPosition, VerifyRecord
+
+_SAVE_ID = re.compile(r"[0-9a-f]{12,32}")
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,12 @@ class PartRecord:
 
 # -- the manifest -----------------------------------------------------------------------------
 
+def _save_id(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not _SAVE_ID.fullmatch(value):
+        raise _fail(where, "a save id (12 to 32 lowercase hex digits)", value)
+    return value
+
+
 def _shards(value: Any, where: str) -> tuple[ShardPosition | None, ...]:
     return _records(value, where, _optional(ShardPosition.from_dict))
 
@@ -111,6 +122,8 @@ class Manifest:
     parts: tuple[PartRecord, ...] = ()
     #: A state dict's HMAC of its own manifest (files carry theirs after the payload).
     signature: str | None = None
+    #: A directory snapshot's save: the id its index and every part carry (see :mod:`snapshot.multipart`).
+    save: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -129,26 +142,39 @@ class Manifest:
                 loader=f.required("loader", LoaderPosition.from_dict),
                 randomness=f.get("randomness", Randomness.from_dict, Randomness()),
                 graph=f.required("graph", GraphDesc.from_dict),
-                service=f.get("service", ServiceLayout.from_dict, ServiceLayout("?")),
-                shards=f.get("shards", _shards, ()),
+                service=f.required("service", ServiceLayout.from_dict),
+                shards=f.required("shards", _shards),
                 upstream=f.get("upstream", lambda v, w: _records(v, w, UpstreamPosition.from_dict), ()),
                 verify=f.get("verify", VerifyRecord.from_dict, None),
                 payload=f.get("payload", PayloadRecord.from_dict, None),
                 ranks=f.get("ranks", lambda v, w: _records(v, w, RankPosition.from_dict), ()),
                 parts=parts,
                 signature=f.get("signature", _str, None),
+                save=f.get("save", _save_id, None),
                 extra=f.extra(),
             )
             manifest._check_shards()
+            manifest._check_ranks()
         except ManifestError as exc:
             raise exc.at(source) from None
         return manifest
 
     def _check_shards(self) -> None:
-        count = self.service.logical_shards
-        if count is not None and self.shards and len(self.shards) != count:
-            raise _fail("shards", f"one entry per logical shard ({count}, as service.logical_shards says)",
+        count = self.service.units or self.service.logical_shards
+        if self.loader.epoch < 0 and (self.shards or self.loader.yielded):
+            raise _fail("shards" if self.shards else "loader.yielded",
+                        "nothing before the first epoch (loader.epoch is -1)",
+                        f"{len(self.shards)} shards" if self.shards else self.loader.yielded)
+        if count is not None and len(self.shards) != count:
+            what = "logical shard" if self.service.units is None else "logical shard or sub-shard"
+            source = "logical_shards" if self.service.units is None else "units"
+            raise _fail("shards", f"one entry per {what} ({count}, as service.{source} says)",
                         f"{len(self.shards)} entries")
+        if count is not None and self.service.rank is None:  # not a rank's part: every shard is here
+            for i, position in enumerate(self.shards):
+                if position is None:
+                    raise _fail(f"shards[{i}]", "the position of logical shard " + str(i) + " (only a rank's "
+                                "part leaves out the shards of other ranks)", None)
         paths = self.graph.paths()
         records: list[tuple[str, dict[str, NodePosition]]] = [
             (f"shards[{i}]", s.nodes) for i, s in enumerate(self.shards) if s is not None]
@@ -157,10 +183,37 @@ class Manifest:
             for path in nodes:
                 if path not in paths:
                     raise _fail(f"{where}.nodes", "paths of nodes of graph.nodes", path)
+        units = self.service.extra.get("units")
+        limit = None if count is None else max(count, units if isinstance(units, int) else 0)
         for i, copy in enumerate(self.upstream):
             for j, shard in enumerate(copy.shards):
-                if count is not None and shard >= count:
-                    raise _fail(f"upstream[{i}].shards[{j}]", f"a logical shard below {count}", shard)
+                if limit is not None and shard >= limit:
+                    raise _fail(f"upstream[{i}].shards[{j}]", f"a logical shard below {limit}", shard)
+
+    def _check_ranks(self) -> None:
+        """A directory's index lists every rank, each with its part; a rank's part is no index."""
+        if self.ranks and not self.parts:
+            raise _fail("parts", f"one part per entry of ranks ({len(self.ranks)}), but this index lists no parts",
+                        "nothing")
+        if self.parts and not self.ranks:
+            raise _fail("ranks", f"one position per part ({len(self.parts)}), but this index lists no ranks",
+                        "nothing")
+        if not self.parts:
+            return
+        for i, rank in enumerate(self.ranks):
+            if rank.rank != i:
+                raise _fail(f"ranks[{i}].rank", f"{i} (the ranks are listed in order, from 0)", rank.rank)
+            if rank.position.epoch != self.loader.epoch:
+                raise _fail(f"ranks[{i}].epoch", f"the index's epoch ({self.loader.epoch})", rank.position.epoch)
+        if len(self.ranks) != len(self.parts):
+            raise _fail("ranks", f"one entry per part ({len(self.parts)})", f"{len(self.ranks)} entries")
+        if self.service.rank is not None:
+            raise _fail("service.rank", "nothing in an index (it describes every rank)", self.service.rank)
+        if self.service.ranks != len(self.parts):
+            raise _fail("service.ranks", f"the number of parts ({len(self.parts)})", self.service.ranks)
+        total = sum(rank.position.yielded for rank in self.ranks)
+        if self.loader.yielded != total:
+            raise _fail("loader.yielded", f"the sum of the ranks' (ranks[].yielded: {total})", self.loader.yielded)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -179,7 +232,39 @@ class Manifest:
             out["payload"] = self.payload.to_dict()
         if self.signature is not None:
             out["signature"] = self.signature
+        if self.save is not None:
+            out["save"] = self.save
         return {**out, **self.extra}
+
+    def check_state(self, state: SavedState, *, source: str = "<manifest>") -> None:
+        """Refuse a payload whose state (``state``, read after the payload's checksum) is not the one
+        this manifest describes: each field the manifest shows must say what the state says."""
+        source_of_seed = None if state.seed is None else "user" if state.seed_given else "drawn"
+        pairs: list[tuple[str, Any, Any]] = [
+            ("loader.epoch", self.loader.epoch, state.position.epoch),
+            ("loader.yielded", self.loader.yielded, state.position.yielded),
+            ("loader.epoch_finished", self.loader.epoch_finished, state.position.epoch_finished),
+            ("loader.lookahead", self.loader.lookahead, state.position.lookahead),
+            ("randomness.seed", self.randomness.seed, state.seed),
+            ("randomness.seed_source", self.randomness.seed_source, source_of_seed),
+        ]
+        service = state.service
+        if service is not None and self.service.name in SHARDED_SERVICES:  # else a wrapper (sequential) or the user's
+            pairs.append(("service.name", self.service.name, service.service))
+        layout = {} if service is None else \
+            ServiceLayout.from_dict({"name": self.service.name, **service.layout}, "state.service.layout").layout
+        pairs.append(("service", self.service.layout, layout))
+        records = () if service is None else service.shards
+        pairs.append(("upstream", len(self.upstream), 0 if service is None else len(service.upstream)))
+        pairs.append(("shards", len(self.shards), len(records)))
+        for i, (shard, record) in enumerate(zip(self.shards, records)):
+            pairs.append((f"shards[{i}]", shard is None, record is None))
+            if shard is not None and record is not None:
+                pairs.append((f"shards[{i}].yielded", shard.yielded, record.get("yielded", 0)))
+        for where, shown, saved in pairs:
+            if shown != saved:
+                raise ManifestError(where, f"what the payload's state says ({_show(saved)}): the manifest "
+                                    "describes another payload", _show(shown), source=source)
 
     @property
     def is_index(self) -> bool:

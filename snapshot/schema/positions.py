@@ -22,10 +22,11 @@ from snapshot.schema._fields import (
     _object,
     _optional,
     _records,
+    _seed,
     _str,
     _texts,
 )
-from snapshot.schema.layout import LoaderPosition, _shard_keys
+from snapshot.schema.layout import LoaderPosition, ServiceLayout, _shard_keys
 
 
 @dataclass(frozen=True)
@@ -222,10 +223,18 @@ class ServiceState:
                     extra=f.extra())
         if state.service not in SHARDED_SERVICES and "logical_shards" not in state.layout:
             return state  # a service of the user's own: its layout is its business
-        _int(state.layout.get("logical_shards"), f"{where}.layout.logical_shards", minimum=1)
-        if len(state.shards) != state.layout["logical_shards"]:
-            raise _fail(f"{where}.shards", f"{state.layout['logical_shards']} records (one per logical shard)",
+        count = _int(state.layout.get("logical_shards"), f"{where}.layout.logical_shards", minimum=1)
+        if "name" in state.layout:
+            raise _fail(f"{where}.layout", "no 'name' (the service's name is state.service.service)", "name")
+        layout = ServiceLayout.from_dict({"name": state.service, **state.layout}, f"{where}.layout")
+        units = layout.units or count
+        if len(state.shards) != units:
+            what = "logical shard" if units == count else "logical shard or sub-shard"
+            raise _fail(f"{where}.shards", f"{units} records (one per {what})",
                         f"{len(state.shards)}")
+        for i, record in enumerate(state.shards):
+            if record is not None:  # the figures the manifest shows of it
+                _Fields(record, f"{where}.shards[{i}]").get("yielded", _int, 0)
         return state
 
     def to_dict(self) -> dict[str, Any]:
@@ -235,6 +244,27 @@ class ServiceState:
 
 def _object_copy(value: Any, where: str) -> dict[str, Any]:
     return dict(_object(value, where))
+
+
+def _words(value: Any, where: str, count: int) -> list[int]:
+    words = _list(value, where)
+    if len(words) != count:
+        raise _fail(where, f"{count} 32-bit words", value)
+    return [_int(word, f"{where}[{i}]", maximum=2**32 - 1) for i, word in enumerate(words)]
+
+
+def _philox(value: Any, where: str) -> dict[str, Any]:
+    f = _Fields(value, where)
+    return {"key": f.required("key", lambda v, w: _words(v, w, 2)),
+            "counter": f.required("counter", lambda v, w: _words(v, w, 4)),
+            "cached": f.get("cached", lambda v, w: _words(v, w, 2), None),
+            "spawn_key": f.required("spawn_key", lambda v, w: _words(v, w, 2))}
+
+
+def _generator(value: Any, where: str) -> dict[str, Any]:
+    """The loader's seed generator (``snapshot.randomness.SeedGenerator.state()``): two Philox streams."""
+    f = _Fields(value, where)
+    return {"shared": f.required("shared", _philox), "shard": f.required("shard", _philox)}
 
 
 @dataclass(frozen=True)
@@ -256,14 +286,18 @@ class SavedState:
             epoch=f.required("epoch", lambda v, w: _int(v, w, minimum=-1)),
             yielded=f.required("yielded", _int), epoch_finished=f.required("epoch_finished", _bool))
         lookahead: list[Any] = f.get("lookahead", _list, [])
-        return cls(position=LoaderPosition(position.epoch, position.yielded, position.epoch_finished,
-                                           len(lookahead)),
-                   seed=f.get("seed", lambda v, w: _int(v, w, minimum=None), None),
-                   seed_given=f.get("seed_given", _bool, False),
-                   pending_seed=f.get("pending_seed", lambda v, w: _int(v, w, minimum=None), None),
-                   generator=f.get("generator", _object_copy, None),
-                   service=f.required("service", ServiceState.from_dict),
-                   lookahead=tuple(lookahead))
+        saved = cls(position=LoaderPosition(position.epoch, position.yielded, position.epoch_finished,
+                                            len(lookahead)),
+                    seed=f.get("seed", _seed, None),
+                    seed_given=f.get("seed_given", _bool, False),
+                    pending_seed=f.get("pending_seed", _seed, None),
+                    generator=f.get("generator", _generator, None),
+                    service=f.required("service", ServiceState.from_dict),
+                    lookahead=tuple(lookahead))
+        if position.epoch >= 0 and saved.generator is None:
+            raise _fail(f"{where}.generator", f"the seed generator of epoch {position.epoch} (every epoch has one)",
+                        None)
+        return saved
 
     def to_dict(self) -> dict[str, Any]:
         return {"epoch": self.position.epoch, "yielded": self.position.yielded,

@@ -1,0 +1,194 @@
+"""Sub-shards: the units a logical shard is split into when ranks cannot share whole shards.
+
+An epoch's samples are dealt to *units* at the sharding point: sample ``i`` to unit
+``i % M`` (see :class:`~snapshot.reading_service._routing.Deal`), and rank ``r`` of ``R`` runs
+the units ``u`` with ``u % R == r``. With ``M = L`` (the logical shards) whenever ``R`` divides
+``L``, this is the stream every fixed layout reads. When it does not, the epoch uses
+``M = lcm(L, R)`` units: unit ``u`` is a sub-shard of logical shard ``u % L``, whose part below
+the sharding point runs once per sub-shard with seeds derived from the shard's, and rank ``r``
+gets exactly the samples ``i`` with ``i % R == r``: equal shares, every sample once.
+
+A snapshot restored mid-epoch onto ``R'`` ranks that do not divide its ``M`` units splits each
+unit from the sample where it had stopped (:func:`split`): the unit keeps its state and its
+samples ``i = u mod M'`` (``M' = lcm(M, R')``); its new sub-units take the others from there on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from snapshot.errors import LayoutError
+from snapshot.reading_service._routing import Deal
+from snapshot.schema import shard_finished
+from snapshot.sharding import Topology
+
+__all__ = ["epoch_finished", "epoch_units", "restore_units", "split"]
+
+
+def epoch_units(logical_shards: int, ranks: int) -> int:
+    """The units of an epoch that starts with ``ranks`` ranks: ``L``, or ``lcm(L, R)``."""
+    return math.lcm(logical_shards, max(ranks, 1))
+
+
+def restore_units(saved_units: int, ranks: int) -> int:
+    """The units for the rest of a saved epoch on ``ranks`` ranks: the saved ones when the
+    ranks can share them, else each split into as few sub-shards as equal shares need."""
+    return saved_units if saved_units % max(ranks, 1) == 0 else math.lcm(saved_units, ranks)
+
+
+def split(state: Mapping[str, Any], units: int, topology: Topology, *, finished: bool, ranks: int = 1,
+          rebalance: bool = False, ahead: Sequence[int] = ()) -> dict[str, Any]:
+    """``state`` (a sharded service's checkpoint) with its units split into ``units``.
+
+    Each unit keeps its record and the samples its sub-deal gives it; the new sub-units start
+    with no record (their part below the sharding point starts fresh, seeded for them) and
+    receive the samples of their parent unit that no one had read. Router queues are dealt
+    again. With ``rebalance`` (a mid-epoch restore onto another number of ``ranks``), the first
+    samples that no one had read go to the ranks with the fewest samples already waiting for
+    them (``ahead``: outputs each rank's caller hands out first), so the ranks' shares of the
+    rest of the epoch are equal. Refused where a unit's
+    remaining samples cannot be split at a router.
+    """
+    layout = state["layout"]
+    saved = int(layout.get("units", layout["logical_shards"]))
+    if units % saved:
+        raise LayoutError(f"the snapshot's {saved} units cannot be split into {units}")
+    if units != saved and not finished:
+        _check_splittable(topology, saved, units)
+    copies = state.get("upstream") or []
+    starts = _starts(copies)
+    moved: dict[str, dict[int, int]] = {}
+    if rebalance and not finished and len(starts) == 1:
+        path = next(iter(starts))
+        levels = next(c["routers"][path].get("deal") for c in copies if path in (c.get("routers") or {}))
+        moved[path] = _evening(Deal(saved, levels), path, starts[path], state["shards"], units, ranks, ahead)
+    upstream = [_split_copy(copy, saved, units, starts, moved) for copy in copies]
+    _hand_over(upstream)
+    shards = list(state["shards"]) + [_ended_like(state["shards"][sub % saved], sub) for sub in range(saved, units)]
+    return {**state, "layout": {**layout, "units": units}, "upstream": upstream, "shards": shards,
+            "merge": None, "ranks": [{**rank, "merge": None} for rank in state.get("ranks", [])]}
+
+
+#: How far (in samples of a sharding point) evening out the ranks' shares may look.
+_EVENING_LIMIT = 1 << 16
+
+
+def _evening(deal: Deal, router: str, starts: Mapping[int, int], records: list[Any], units: int,
+             ranks: int, ahead: Sequence[int] = ()) -> dict[int, int]:
+    """The samples to move so that every rank has as many samples left in the epoch: those
+    already produced for a unit and saved with it (``in_flight``) count for the unit's rank, as
+    many samples of the sharding point as each of the unit's outputs took (a batch of 4: 4)."""
+    saved = deal.modulus
+    waiting = [0] * ranks
+    ended: set[int] = set()
+    for unit, record in enumerate(records[:saved]):
+        if record is not None:
+            waiting[unit % ranks] += round(len(record.get("in_flight") or []) * _inputs_per_output(record, router))
+            if record.get("exhausted"):
+                ended.update(range(unit, units, saved))
+    if any(ahead):
+        ratios = [_inputs_per_output(r, router) for r in records[:saved] if r is not None and r.get("produced")]
+        ratio = sum(ratios) / len(ratios) if ratios else 1.0
+        waiting = [n + round(a * ratio) for n, a in zip(waiting, list(ahead) + [0] * ranks)]
+    first, last = min(starts.values()), max(starts.values())
+    if last - first > _EVENING_LIMIT:
+        return {}
+    plain = deal.split(units, starts)
+    moved: dict[int, int] = {}
+    for index in range(first, last + _EVENING_LIMIT):
+        if index >= last and max(waiting) == min(waiting):
+            break
+        parent = deal.unit(index)
+        if index < starts.get(parent, index + 1):
+            continue
+        default = plain.unit(index) % ranks
+        fewest = min(waiting)
+        rank = default if waiting[default] == fewest else waiting.index(fewest)
+        if rank != default:
+            options = [u for u in range(parent, units, saved) if u % ranks == rank and u not in ended] or \
+                [u for u in range(rank, units, ranks) if u not in ended]
+            if not options:
+                continue
+            moved[index] = options[0]
+        waiting[rank] += 1
+    return moved
+
+
+def _ended_like(parent: Mapping[str, Any] | None, sub: int) -> dict[str, Any] | None:
+    """A new sub-unit's record: none (it starts fresh), or ended where its parent had ended."""
+    if parent is None or not parent.get("exhausted"):
+        return None
+    return {"produced": None, "exhausted": True, "nodes": {}, "plan": {}, "rng": None, "persistent": {},
+            "shard": sub, "yielded": 0, "in_flight": [], "finished": True}
+
+
+def _check_splittable(topology: Topology, saved: int, units: int) -> None:
+    where = topology.replicated or topology.dispatchers
+    if where:
+        raise LayoutError(
+            f"this mid-epoch snapshot has {saved} logical shard(s), which the ranks now running cannot share "
+            f"equally, and {where[0]} shards its own data (there is no sharding_filter to split them at): "
+            f"restore on a number of ranks that divides {saved}, or from a snapshot taken at the end of an epoch "
+            f"(the next epoch is split into {units} sub-shards from its start)")
+
+
+def _starts(copies: list[Mapping[str, Any]]) -> dict[str, dict[int, int]]:
+    """Per router, where each unit splits: the next sample its owner's router would give it."""
+    starts: dict[str, dict[int, int]] = {}
+    for copy in copies:
+        for path, state in (copy.get("routers") or {}).items():
+            nexts = {int(s): int(i) for s, i in state["next"].items()}
+            starts.setdefault(path, {}).update({int(s): nexts[int(s)] for s in copy["shards"]})
+    return starts
+
+
+def _split_copy(copy: Mapping[str, Any], saved: int, units: int, starts: Mapping[str, Mapping[int, int]],
+                moved: Mapping[str, Mapping[int, int]]) -> dict[str, Any]:
+    """One saved copy of the part above the sharding point, its routers dealing to ``units``."""
+    owned = [int(s) for s in copy["shards"]]
+    routers = {}
+    for path, state in (copy.get("routers") or {}).items():
+        deal = Deal(saved, state.get("deal")).split(units, starts[path], moved.get(path))
+        saved_queues = {int(s): q for s, q in state["queues"].items()}
+        queues: dict[int, list[list[Any]]] = {}
+        next_of: dict[int, int] = {}
+        for shard in owned:
+            for sub in range(shard, units, saved):
+                queues[sub] = []
+                next_of[sub] = int(state["next"][shard] if shard in state["next"] else state["next"][str(shard)])
+            for index, item in saved_queues[shard]:
+                queues.setdefault(deal.unit(int(index)), []).append([index, item])
+        routers[path] = {**state, "deal": deal.state(), "next": next_of, "queues": queues}
+    subs = [sub for shard in owned for sub in range(shard, units, saved)]
+    return {**copy, "shards": sorted(subs), "routers": routers}
+
+
+def _inputs_per_output(record: Mapping[str, Any], router: str) -> float:
+    """How many samples of the sharding point a unit's output took, on average so far."""
+    read = int(((record.get("nodes") or {}).get(router) or {}).get("yielded") or 0)
+    produced = record.get("produced")
+    return read / produced if isinstance(produced, int) and produced > 0 and read else 1.0
+
+
+def _hand_over(copies: list[dict[str, Any]]) -> None:
+    """Queued samples moved to a unit another copy owns go to that copy's queue (in order)."""
+    owner = {int(s): copy for copy in copies for s in copy["shards"]}
+    for copy in copies:
+        mine = set(copy["shards"])
+        for path, state in copy["routers"].items():
+            for unit in [u for u in state["queues"] if u not in mine]:
+                queue = owner[unit]["routers"][path]["queues"][unit]
+                queue.extend(state["queues"].pop(unit))
+                queue.sort(key=lambda entry: int(entry[0]))
+
+
+def epoch_finished(state: Mapping[str, Any]) -> bool:
+    """Whether the saved epoch had ended: the loader had taken the last sample of every unit, or
+    a distributed policy had ended it on every rank."""
+    saved = [r.get("even_batches") for r in state.get("ranks", [])] or [state.get("even_batches")]
+    if any(record and record.get("ended") for record in saved):
+        return True
+    shards = [record for record in state.get("shards") or [] if record is not None]
+    return bool(shards) and all(shard_finished(record) for record in shards)

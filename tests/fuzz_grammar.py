@@ -402,7 +402,8 @@ def sharded_at(graph: Any, depth: int) -> Any:
 
 
 def cases(torchdata: bool = td is not None) -> st.SearchStrategy[dict[str, Any]]:
-    """A graph, a seed, the service that saves, the one that restores, cuts and a strategy.
+    """A graph, a seed, the service that saves, the one that restores, cuts, a strategy, whether
+    the restore rebuilds the graph in code or unpickles it, and whether it is saved again.
 
     Most graphs get a sharding point (at a random depth), so that the workers and logical
     shards have something to split.
@@ -417,6 +418,7 @@ def cases(torchdata: bool = td is not None) -> st.SearchStrategy[dict[str, Any]]
         "cuts": st.lists(CUTS.map(list), min_size=1, max_size=3, unique_by=lambda c: (c[0], c[1], c[2])),
         "strategy": st.sampled_from(["auto", "fast_forward"]),
         "rebuild": st.sampled_from(["code", "pickle"]),
+        "again": st.booleans(),
     })
     return fields.map(_case)
 
@@ -425,7 +427,8 @@ def _case(fields: dict[str, Any]) -> dict[str, Any]:
     """The fields in a fixed order, the two services apart (so a reproducer reads well)."""
     save_on, restore_on = fields["services"]
     return {"graph": fields["graph"], "seed": fields["seed"], "save_on": save_on, "restore_on": restore_on,
-            "cuts": fields["cuts"], "strategy": fields["strategy"], "rebuild": fields["rebuild"]}
+            "cuts": fields["cuts"], "strategy": fields["strategy"], "rebuild": fields["rebuild"],
+            "again": fields["again"]}
 
 
 def draw_cases(examples: int, seed: int = 0) -> list[dict[str, Any]]:

@@ -8,7 +8,9 @@ unpickles it):
 2. the saving run: the same, saving a snapshot at every cut; its whole stream must equal the
    reference (a run that saves equals one that never saves);
 3. each snapshot is restored onto the other service in a fresh process (several per process)
-   and the rest of its epoch and the following epochs must equal the reference.
+   and the rest of its epoch and the following epochs must equal the saving run's (with
+   ``again``, the restored loader is saved again halfway through the rest of the epoch and
+   that snapshot restored too: a restore of a restore).
 
 Each cut ends ``exact``, ``refused`` (a ``SnapshotError`` at save or restore: counted, fine),
 ``wrong`` (any difference: a finding) or ``crash`` (any other exception, a worker error, a
@@ -191,6 +193,7 @@ def prepare(index: int, case: dict[str, Any], root: str) -> tuple[list[Outcome],
         expected = ([] if finished else [streams[epoch][samples:]]) + streams[epoch + 1:]
         jobs.append({"case": index, "cut": _cut_name(cut), "graph": case["graph"], "root": root,
                      "restore_on": case["restore_on"], "strategy": case["strategy"], "rebuild": case["rebuild"],
+                     "again": case.get("again", False),
                      "data": data, "expected": expected})
     return outcomes, jobs
 
@@ -209,22 +212,37 @@ def _show(items: list[Any], index: int) -> str:
     return text if len(text) < 100 else text[:97] + "..."
 
 
+def _restored(job: dict[str, Any], data: bytes) -> Any:
+    """A fresh loader on the job's service, restored from ``data`` (graph rebuilt or unpickled)."""
+    rs = service(job["restore_on"])
+    if job["rebuild"] == "pickle":
+        return snapshot.DataLoader2.from_snapshot(io.BytesIO(data), rs, strategy=job["strategy"])
+    loader = snapshot.DataLoader2(fuzz_grammar.build(job["graph"], job["root"]), reading_service=rs)
+    loader.restore_snapshot(io.BytesIO(data), strategy=job["strategy"])
+    return loader
+
+
+def _read(job: dict[str, Any]) -> list[list[Any]]:
+    """The rest of the job's epochs from its snapshot; with ``again``, saved again halfway
+    through the first of them and that snapshot restored into a third loader."""
+    epochs = len(job["expected"])
+    with _restored(job, job["data"]) as loader:
+        if not (job.get("again") and epochs):
+            return [list(loader) for _ in range(epochs)]
+        it = iter(loader)
+        head = [next(it) for _ in range(len(job["expected"][0]) // 2)]
+        data = loader.save_snapshot().to_bytes()
+    with _restored(job, data) as loader:
+        rest = [list(loader) for _ in range(epochs)]
+    return [head + rest[0], *rest[1:]]
+
+
 def restore(job: dict[str, Any]) -> tuple[str, str, str]:
     """Restore one job's snapshot onto its service and compare: (outcome, stage, detail)."""
-    rs = service(job["restore_on"])
     try:
-        if job["rebuild"] == "pickle":
-            loader = snapshot.DataLoader2.from_snapshot(io.BytesIO(job["data"]), rs, strategy=job["strategy"])
-        else:
-            loader = snapshot.DataLoader2(fuzz_grammar.build(job["graph"], job["root"]), reading_service=rs)
-            loader.restore_snapshot(io.BytesIO(job["data"]), strategy=job["strategy"])
+        streams = _read(job)
     except Exception as exc:  # noqa: BLE001
         return ("refused" if _is_refusal(exc) else "crash", "restore", _short(exc))
-    try:
-        with loader:
-            streams = [list(loader) for _ in job["expected"]]
-    except Exception as exc:  # noqa: BLE001
-        return ("refused" if _is_refusal(exc) else "crash", "continue", _short(exc))
     for offset, (want, got) in enumerate(zip(job["expected"], streams)):
         at = first_difference(want, got)
         if at is not None:

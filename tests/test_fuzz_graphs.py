@@ -41,13 +41,18 @@ REITER = ("issue 22 item 2 (re-iterated random pipes, `reiter`): a cycle over a 
 #: Cases of the default draw known to be wrong, by their one-line JSON, each with the issue that
 #: fixes it: such a case fails as an xfail (strict=False: it may pass, as these are not always wrong).
 KNOWN: dict[str, str] = {
-    '{"graph":["cycle",[2],["bucketbatch",[2,true,2,1,false],["shard",[],["sampler",[2]]]]],"seed":1447,'
-    '"save_on":"inproc","restore_on":"mp1","cuts":[[0,"end",0],[1,"after_end",0]],"strategy":"fast_forward",'
-    '"rebuild":"pickle"}': REITER,
-    '{"graph":["shard",[],["cycle",[2],["shuffle",[2],["seqmap",[2]]]]],"seed":2,"save_on":"inproc_L2",'
-    '"restore_on":"mp2","cuts":[[0,"end",0]],"strategy":"auto","rebuild":"code"}': REITER,
-    '{"graph":["shard",[],["cycle",[2],["shuffle",[5],["range",[2]]]]],"seed":2,"save_on":"mp2_L3",'
-    '"restore_on":"inproc","cuts":[[0,"at",0],[0,"after_end",0]],"strategy":"auto","rebuild":"code"}': REITER,
+    '{"graph":["cycle",[2],["bucketbatch",[5,false,2,2,false],["shard",[],["range",[3]]]]],"seed":0,'
+    '"save_on":"mp1","restore_on":"inproc","cuts":[[0,"at",9],[0,"at",330],[0,"at",242]],'
+    '"strategy":"auto","rebuild":"pickle","again":false}': REITER,
+    '{"graph":["shard",[],["threadpool_map",[],["cycle",[3],["shuffled_flatmap",[8],["files",'
+    '["webdataset"]]]]]],"seed":5,"save_on":"mp2","restore_on":"mp1","cuts":[[0,"at",4]],'
+    '"strategy":"auto","rebuild":"code","again":false}': REITER,
+    '{"graph":["threadpool_map",[],["cycle",[2],["shuffle",[5],["shard",[],["range",[3]]]]]],"seed":3,'
+    '"save_on":"inproc","restore_on":"mp1","cuts":[[0,"at",0],[0,"at",4]],"strategy":"auto",'
+    '"rebuild":"code","again":false}': REITER,
+    '{"graph":["shard",[],["threadpool_map",[],["cycle",[2],["shuffle",[2],["range",[5]]]]]],"seed":3,'
+    '"save_on":"mp1","restore_on":"inproc","cuts":[[0,"at",0]],"strategy":"auto","rebuild":"code",'
+    '"again":false}': REITER,
 }
 
 
@@ -140,6 +145,7 @@ def test_a_restore_that_continues_differently_is_wrong() -> None:
             reference = [list(loader) for _ in range(2)]
         right = _job(graph, 3, [reference[0][3:], reference[1]], root)
         assert fuzz_oracle.restore(right)[0] == "exact"
+        assert fuzz_oracle.restore({**right, "again": True})[0] == "exact"  # a restore of a restore
         swapped = [reference[0][3:], reference[1][::-1]]
         outcome, stage, detail = fuzz_oracle.restore({**right, "expected": swapped})
     assert (outcome, stage) == ("wrong", "restore") and "1 epochs after the cut" in detail

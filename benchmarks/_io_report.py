@@ -1,4 +1,4 @@
-"""The io benchmark's printout: the table of every measurement, the ratios, and issue 26's budgets.
+"""The io benchmark's printout: the table of every measurement, the ratios, and the restore budgets.
 
 The budgets are read here, from the figures of one run (a benchmark, not a timed test):
 
@@ -71,10 +71,10 @@ def _verdict(ok: bool) -> str:
 
 
 def budgets(results: list[dict[str, Any]], peers: list[dict[str, Any]], corpus: Any, size: int) -> None:
-    """Print each budget of issue 26 with the figures it is read from, and whether it holds."""
+    """Print each restore budget with the figures it is read from, and whether it holds."""
     from benchmarks._io_pipelines import PIPELINES
 
-    print("\nbudgets (issue 26):")
+    print("\nbudgets:")
     ends = _ends(results)
     print("1. restore at 90 % within 1.2x of 10 %: " + ", ".join(
         f"{name}/{workers} {x(hi['ours_s'], lo['ours_s'])} {_verdict(hi['ours_s'] <= 1.2 * lo['ours_s'])}"

@@ -24,7 +24,7 @@ worker processes (``2``). At 10, 50 and 90 % of an epoch, side by side in one ru
 - *snap*: the snapshot file's size with each ``buffer_state``; *replayed*: the items the
   restore plan replays (the manifest's drivers), 0 when every node restores from state.
 
-Then the ratios, and issue 26's budgets read from these figures (``benchmarks/_io_report.py``).
+Then the ratios, and the restore budgets read from these figures (``benchmarks/_io_report.py``).
 
 Every restore is checked against the uninterrupted run (*exact*). The corpus lies in the page
 cache (it was just written): times are warm-cache times. Peers (HF ``datasets``, ``litdata``,

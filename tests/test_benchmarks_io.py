@@ -27,7 +27,7 @@ def test_io_benchmark_prints_its_tables(tmp_path: Path) -> None:
     text = proc.stdout
     assert "restore to the first batch" in text and "ratios: ours at 90 % / at 10 %" in text
     assert "peer nosuch skipped: no Python at /nonexistent/bin/python" in text
-    assert "budgets (issue 26):" in text and "1. restore at 90 % within 1.2x of 10 %: tar/0 " in text
+    assert "budgets:" in text and "1. restore at 90 % within 1.2x of 10 %: tar/0 " in text
     table = text[text.index("restore to the first batch"):text.index("ratios:")]
     rows = [line.split() for line in table.splitlines() if line.split()[:1] in (["tar"], ["jsonl.gz"])]
     # a row per pipeline, mode and position, each restore checked against the uninterrupted run

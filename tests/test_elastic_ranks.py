@@ -174,3 +174,43 @@ def test_batches_in_flight_count_as_their_samples(tmp_path) -> None:
         assert not got - EVERY, "a sample twice, or one not in the data"
         assert sum((EVERY - got).values()) < 3 * 4, f"{sum((EVERY - got).values())} samples lost"
         assert len({len(share) for share in shares}) == 1
+
+
+MARKERS = [[-1], [-2], [-3], [-4]]  # what 4 saved ranks' callers had to hand out first (fetched ahead)
+
+
+def handed_out_then_saved(rank: int, world: int, directory: str, again: str) -> dict[str, Any]:
+    """Resumed on ``world`` ranks with the saved ranks' markers handed out first; saved again after
+    one step, while rank 0 still holds a marker; the rest of the epoch and the next."""
+    with snapshot.DataLoader2(graph(), reading_service=service()) as loader:
+        loader.reading_service.hand_out_first(MARKERS)
+        loader.restore_snapshot(directory)
+        rest = train_epoch(loader, (1, again))
+        return {"rest": rest, "later": [train_epoch(loader)]}
+
+
+def resumed_twice(rank: int, world: int, again: str) -> dict[str, Any]:
+    with snapshot.DataLoader2(graph(), reading_service=service()) as loader:
+        loader.restore_snapshot(again)
+        return {"rest": train_epoch(loader), "later": [train_epoch(loader)]}
+
+
+@pytest.mark.slow
+def test_samples_handed_out_first_are_counted_and_saved_until_yielded(tmp_path) -> None:
+    first, again = str(tmp_path / "first.snap"), str(tmp_path / "again.snap")
+    seen = run_ranks(4, first_run, first, 17, 0, pg_timeout=30)
+    resumed = run_ranks(3, handed_out_then_saved, first, again, pg_timeout=30)
+    # the 4 markers are dealt 2, 1 and 1, yielded first, and counted: the ranks take equal steps
+    assert [r["rest"][:2] for r in resumed][0] == [-1, -2]
+    assert [r["rest"][0] for r in resumed[1:]] == [-3, -4]
+    assert len({len(r["rest"]) for r in resumed}) == 1
+    rest = Counter(x for r in resumed for x in r["rest"] if x >= 0)
+    got = rest + Counter(x for share in seen for x in share)
+    assert not [x for x, n in got.items() if n > 1] and not got - EVERY
+    assert sum((EVERY - got).values()) < 3
+    _check_epoch([r["later"][0] for r in resumed], Counter(), 3)
+    # saved after one step, rank 0's second marker was still to come: the snapshot keeps it
+    twice = run_ranks(3, resumed_twice, again, pg_timeout=30)
+    for rank in range(3):
+        assert twice[rank]["rest"] == resumed[rank]["rest"][1:]
+        assert twice[rank]["later"] == resumed[rank]["later"]

@@ -88,8 +88,7 @@ class EvenBatches(Iterator[Any]):
         return {"last": [], "padded": 0}
 
     def state(self) -> dict[str, Any]:
-        return {"last": list(self.last) if self.policy == "pad" else [], "padded": self.padded, "ended": self.done,
-                "first": list(getattr(self.local, "items", ()))}
+        return {"last": list(self.last) if self.policy == "pad" else [], "padded": self.padded, "ended": self.done}
 
     def __iter__(self) -> EvenBatches:
         return self

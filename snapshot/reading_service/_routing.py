@@ -35,6 +35,8 @@ class Deal:
     def unit(self, index: int) -> int:
         levels = self.levels
         unit = index % levels[0][0]
+        if len(levels) == 1:  # every epoch but one split by a restore: no copy of the levels per sample
+            return unit
         for modulus, split, moved in levels[1:]:
             start = split.get(unit)
             if start is None or index < start:

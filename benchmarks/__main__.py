@@ -21,7 +21,8 @@ SUITES = {"restore": restore.run, "iterate": iterate.run, "workers": workers.run
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("which", choices=[*SUITES, "all"])
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=3, help="runs per figure, the median reported (scale: each in "
+                        "a fresh process)")
     parser.add_argument("--json", help="also write all figures to this JSON file")
     group = parser.add_argument_group("io")
     group.add_argument("--size", default="20MB", help="io: the corpus's size (20MB, 1GB, ...)")

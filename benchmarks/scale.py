@@ -21,13 +21,15 @@ positions; and, by value, no longer than ``async_save``'s staging of one tensor 
 
 ``--only 157`` runs only the case these budgets are stated for: 10 000 x 16 KiB, 157 MiB of
 samples (``--only 100x16KiB`` any other case). The 256 KiB x 10 000 case (2.6 GB per copy)
-runs only with ``--large``. Each case runs once (``--repeat`` does not apply): ten fresh
-processes per case.
+runs only with ``--large``. Each measurement runs ``--repeat`` times (3 by default), each in a
+fresh process, and every figure is the median of those runs: ten fresh processes per case
+and repeat (``--only 157 --repeat 3``: about a minute and a half on an idle 2-core machine).
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from typing import Any
@@ -62,11 +64,18 @@ def parse_case(text: str) -> tuple[int, int]:
         raise SystemExit(f"--only {text!r}: expected 157 or BUFFERxSIZE, e.g. 10000x16KiB") from None
 
 
-def _measure(kind: str, buffer: int, size: int, option: str = "values", items: str = "bytes") -> dict[str, Any]:
-    output = subprocess.run([sys.executable, "-m", "benchmarks._scale_case", kind, str(buffer), str(size), option,
-                             items], check=True, capture_output=True, text=True, timeout=1800)
-    parsed: dict[str, Any] = json.loads(output.stdout.strip().splitlines()[-1])
-    return parsed
+def _measure(repeat: int, kind: str, buffer: int, size: int, option: str = "values",
+             items: str = "bytes") -> dict[str, Any]:
+    """The median of each figure over ``repeat`` fresh processes (``peak_reset``: in all of them)."""
+    runs = []
+    for _ in range(max(1, repeat)):
+        output = subprocess.run([sys.executable, "-m", "benchmarks._scale_case", kind, str(buffer), str(size),
+                                 option, items], check=True, capture_output=True, text=True, timeout=1800)
+        runs.append(json.loads(output.stdout.strip().splitlines()[-1]))
+    merged: dict[str, Any] = {key: all(r[key] for r in runs) if isinstance(value, bool)
+                              else statistics.median(r[key] for r in runs) for key, value in runs[0].items()}
+    merged["runs"] = len(runs)
+    return merged
 
 
 def _mb(n: float) -> str:
@@ -81,10 +90,11 @@ def _verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
 
-def _figure(buffer: int, size: int, kind: str, option: str, dcp: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _figure(repeat: int, buffer: int, size: int, kind: str, option: str,
+            dcp: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The sync and background measurements of one row, and their ratios."""
-    sync = _measure("sync", buffer, size, option, kind)
-    background = _measure("background", buffer, size, option, kind)
+    sync = _measure(repeat, "sync", buffer, size, option, kind)
+    background = _measure(repeat, "background", buffer, size, option, kind)
     state = sync["state"]
     return {"buffer": buffer, "item": size, "kind": kind, "buffer_state": option, "state": state,
             "size": sync["size"], "sync": sync["sync"], "restore": sync["restore"],
@@ -92,7 +102,7 @@ def _figure(buffer: int, size: int, kind: str, option: str, dcp: dict[str, dict[
             "blocking_share": background["blocking"] / sync["sync"],
             "peak_sync": sync["peak"], "peak_background": background["peak"],
             "peak_sync_x_state": sync["peak"] / state, "peak_background_x_state": background["peak"] / state,
-            "peak_reset": sync["peak_reset"] and background["peak_reset"],
+            "peak_reset": sync["peak_reset"] and background["peak_reset"], "runs": sync["runs"],
             "dcp_items": dcp["items"], "dcp_one": dcp["one"],
             "blocking_x_dcp_items": background["blocking"] / dcp["items"]["blocking"],
             "blocking_x_dcp_one": background["blocking"] / dcp["one"]["blocking"]}
@@ -159,11 +169,11 @@ def run(repeat: int = 1, json_path: str | None = None, large: bool = False, item
         if size * buffer > 1e9 and not large:
             rows.append([f"{buffer:,}", f"{size // 1024} KiB", "", "skipped (--large)", *[""] * 9])
             continue
-        dcp = {"items": _measure("dcp-items", buffer, size), "one": _measure("dcp-one", buffer, size)}
+        dcp = {"items": _measure(repeat, "dcp-items", buffer, size), "one": _measure(repeat, "dcp-one", buffer, size)}
         dcp_rows.append(_dcp_row(buffer, size, dcp))
         for kind in kinds:
             for option in OPTIONS:
-                figures.append(_figure(buffer, size, kind, option, dcp))
+                figures.append(_figure(repeat, buffer, size, kind, option, dcp))
                 rows.append(_row(figures[-1]))
         print(table(HEADERS, rows), flush=True)
         print()

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_scale_benchmark_prints_its_rows_and_budgets(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "scale", "--only", "100x4KiB", "--items", "bytes,arrays",
+        [sys.executable, "-m", "benchmarks", "scale", "--only", "100x4KiB", "--items", "bytes,arrays", "--repeat", "1",
          "--json", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=290)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -168,13 +168,14 @@ def run(repeat: int = 1, json_path: str | None = None, large: bool = False, item
     for buffer, size in cases:
         if size * buffer > 1e9 and not large:
             rows.append([f"{buffer:,}", f"{size // 1024} KiB", "", "skipped (--large)", *[""] * 9])
-            continue
-        dcp = {"items": _measure(repeat, "dcp-items", buffer, size), "one": _measure(repeat, "dcp-one", buffer, size)}
-        dcp_rows.append(_dcp_row(buffer, size, dcp))
-        for kind in kinds:
-            for option in OPTIONS:
-                figures.append(_figure(repeat, buffer, size, kind, option, dcp))
-                rows.append(_row(figures[-1]))
+        else:
+            dcp = {"items": _measure(repeat, "dcp-items", buffer, size),
+                   "one": _measure(repeat, "dcp-one", buffer, size)}
+            dcp_rows.append(_dcp_row(buffer, size, dcp))
+            for kind in kinds:
+                for option in OPTIONS:
+                    figures.append(_figure(repeat, buffer, size, kind, option, dcp))
+                    rows.append(_row(figures[-1]))
         print(table(HEADERS, rows), flush=True)
         print()
     if dcp_rows:

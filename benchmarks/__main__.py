@@ -2,7 +2,9 @@
 
 ``io`` takes more options: ``--size 20MB`` (the corpus; up to GBs), ``--pipelines tar,jsonl.gz``,
 ``--modes 0,2`` (in-process, 2 workers), ``--positions 0.1,0.5,0.9``, ``--peer-python NAME=PYTHON``
-(repeatable) or ``--peers-dir DIR``; see ``benchmarks/io.py``. ``all`` runs ``io`` at its defaults.
+(repeatable) or ``--peers-dir DIR``; see ``benchmarks/io.py``. ``scale`` takes ``--items bytes,arrays``,
+``--only 157`` (just the case of the save budgets, 10 000 x 16 KiB) and ``--large``; see
+``benchmarks/scale.py``. ``all`` runs ``io`` and ``scale`` at their defaults.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ SUITES = {"restore": restore.run, "iterate": iterate.run, "workers": workers.run
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("which", choices=[*SUITES, "all"])
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=3, help="runs per figure, the median reported (scale: each in "
+                        "a fresh process)")
     parser.add_argument("--json", help="also write all figures to this JSON file")
     group = parser.add_argument_group("io")
     group.add_argument("--size", default="20MB", help="io: the corpus's size (20MB, 1GB, ...)")
@@ -29,14 +32,23 @@ def main() -> None:
                        help="io: run a peer (datasets, litdata, streaming) with this Python")
     group.add_argument("--peers-dir", help="io: virtualenvs of the peers: DIR/hf, DIR/litdata, DIR/streaming")
     group.add_argument("--positions", default="0.1,0.5,0.9", help="io: cut points, fractions of the epoch")
+    group = parser.add_argument_group("scale")
+    group.add_argument("--items", default=",".join(scale.ITEM_KINDS),
+                       help="scale: the kinds of buffered samples, comma-separated (bytes: shared by a background "
+                            "save; arrays: numpy uint8 arrays, copied)")
+    group.add_argument("--only", metavar="CASE",
+                       help="scale: run one case: 157 (10000x16KiB, the case of the save budgets) or BUFFERxSIZE, "
+                            "e.g. 100x16KiB")
+    group.add_argument("--large", action="store_true", help="scale: also run 10000 x 256 KiB (2.6 GB per copy)")
     args = parser.parse_args()
     io_options = {"size": args.size, "pipelines": args.pipelines, "modes": args.modes,
                   "peer_python": args.peer_python, "peers_dir": args.peers_dir,
                   "positions": tuple(float(p) for p in args.positions.split(","))}
+    scale_options = {"items": args.items, "only": args.only, "large": args.large}
     chosen = list(SUITES) if args.which == "all" else [args.which]
     results = {}
     for name in chosen:
-        options = io_options if name == "io" else {}
+        options = {"io": io_options, "scale": scale_options}.get(name, {})
         results[name] = SUITES[name](repeat=args.repeat, **options)  # type: ignore[operator]
         print()
     if args.json:

@@ -22,7 +22,7 @@ __all__ = ["Decoder", "decode"]
 # What a broken payload can make Python raise on its way through the decoder; each becomes a
 # CorruptSnapshotError (the specific checks below give the better messages first).
 _BROKEN = (IndexError, KeyError, ValueError, TypeError, OverflowError, struct.error, RuntimeError,
-           MemoryError, RecursionError)
+           MemoryError, RecursionError, SyntaxError)
 _HINT = "; the payload is damaged or was not written by this version of snapshot"
 
 
@@ -69,16 +69,19 @@ class Decoder:
 
     def _handler(self) -> Callable[[Decoder, int], Any]:
         """The reader of the value at ``offset``, past its tag."""
-        if self.offset >= self._end:
-            raise self._corrupt("the buffer ends where a value should start")
-        tag = self._data[self.offset]
-        handler = _HANDLERS.get(tag)
-        if handler is None:
-            raise self._corrupt(f"unknown tag byte 0x{tag:02x}")
+        try:
+            handler = _HANDLERS[self._data[self.offset]]
+        except IndexError:
+            raise self._corrupt("the buffer ends where a value should start") from None
+        except KeyError:
+            raise self._corrupt(f"unknown tag byte 0x{self._data[self.offset]:02x}") from None
         self.offset += 1
         return handler
 
     def _length(self, what: str) -> int:
+        if self.offset < self._end and self._data[self.offset] < 253:  # the common case: one byte
+            self.offset += 1
+            return self._data[self.offset - 1]
         try:
             value, self.offset = wire.read_length(self._data, self.offset)
         except (IndexError, struct.error):
@@ -238,7 +241,8 @@ class Decoder:
                 from None
         if dtype is None:
             self.offset = at
-            raise self._corrupt(f"{what} whose dtype description {descr!r:.80} is not strings and ints")
+            raise self._corrupt(f"{what} whose dtype description {descr!r:.80} is not one of plain data (numbers, "
+                                "bytes, text, times, or fields of them such as [('x', '<f8')]: never Python objects)")
         shape = self._shape(what)
         if scalar and shape:
             raise self._corrupt(f"{what} with dimensions {shape}")

@@ -7,6 +7,7 @@ an array or a tensor is met, so the CLI reads a payload's structure without torc
 
 from __future__ import annotations
 
+import re
 import struct
 import sys
 from functools import lru_cache
@@ -24,8 +25,8 @@ LIST, TUPLE, DICT, SET, FROZENSET, DEQUE, RANGE = b"l", b"t", b"D", b"S", b"Z", 
 ARRAY, NUMPY_SCALAR, TENSOR = b"A", b"G", b"X"
 PICKLED = b"P"
 
-# Deeper nesting is refused when decoding and pickled when encoding: both recurse one Python
-# frame a level, and this leaves the caller room under Python's default recursion limit (1000).
+# Deeper nesting is refused when decoding and pickled when encoding: both recurse two Python
+# frames a level, and this leaves the caller room under Python's default recursion limit (1000).
 MAX_DEPTH = 256
 # numpy's own bound on the number of dimensions (torch's is the same).
 MAX_DIMS = 64
@@ -111,13 +112,26 @@ def scalar_descr(dtype: numpy.dtype[Any]) -> str | list[Any] | None:
 
 
 def is_descr(value: object, depth: int = 0) -> bool:
-    """Whether a decoded ``value`` has the shape of a dtype description: strings, integers, and
-    lists and tuples of them, a few levels deep (nothing else reaches ``numpy.dtype``)."""
-    if type(value) in (str, int):
-        return True
-    if type(value) in (list, tuple) and depth < 32:
-        return all(is_descr(item, depth + 1) for item in value)  # type: ignore[attr-defined]
-    return False
+    """Whether a decoded ``value`` has the exact shape of a description that ``dtype_to_descr``
+    writes: a type string such as ``<f8``, ``|S5`` or ``<M8[ns]`` (no objects, no commas or
+    parentheses for numpy's string parser to read), or a list of fields ``(name, description)``
+    and ``(name, description, shape)``. Nothing else reaches ``numpy.dtype``."""
+    if type(value) is str:
+        return _TYPE_STRING.match(value) is not None
+    return type(value) is list and depth < 8 and all(_is_field(field, depth) for field in value)
+
+
+def _is_field(field: object, depth: int) -> bool:
+    if type(field) is not tuple or len(field) not in (2, 3):
+        return False
+    name, shape = field[0], field[2] if len(field) == 3 else ()
+    named = type(name) is str or (type(name) is tuple and len(name) == 2 and all(type(n) is str for n in name))
+    shaped = (type(shape) is int and shape >= 0) or (
+        type(shape) is tuple and len(shape) <= MAX_DIMS and all(type(n) is int and n >= 0 for n in shape))
+    return named and shaped and is_descr(field[1], depth + 1)
+
+
+_TYPE_STRING = re.compile(r"[<>|=][biufcmMSUV][0-9]{1,9}(\[[0-9]{0,9}[a-zA-Z]{1,7}\])?\Z")
 
 
 def dtype_of(descr: Any) -> numpy.dtype[Any]:

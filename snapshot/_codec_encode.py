@@ -64,6 +64,10 @@ class Encoder:
     ``pickled`` gathers ``(where, value)`` for each value that is not data, in order;
     ``written`` counts the bytes handed to ``write`` (each :meth:`encode` call hands over all
     it encoded before it returns, so the difference around a call is the size of its value).
+
+    A big payload reaches ``write`` as a view of the value's own memory: a ``write`` that keeps
+    what it is given (a queue, a list) must be done with it before the value changes. After an
+    exception (from ``write``, say) the stream is incomplete and the encoder is not to be reused.
     """
 
     def __init__(self, write: Callable[[bytes | memoryview], Any]) -> None:
@@ -275,6 +279,7 @@ class Encoder:
         header = (TENSOR + length(len(name)) + name.encode("ascii") + shape_bytes(tuple(value.shape))
                   + (b"\x01" if value.requires_grad else b"\x00") + length(len(data)))
         self._payload(header, data)
+
 
 def _cycles(value: Any) -> set[int]:
     """The ids of the containers in ``value`` that a depth-first walk finds inside themselves

@@ -125,6 +125,12 @@ def test_data_round_trips_with_its_types(value: Any) -> None:
     assert same(roundtrip(value), value)
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(numpy_arrays | numpy_scalars | tensors(), min_size=1, max_size=3))
+def test_arrays_numpy_scalars_and_tensors_round_trip(values: list[Any]) -> None:
+    assert same(roundtrip(values), values)
+
+
 @pytest.mark.parametrize("value", [
     float("nan"), float("inf"), -float("inf"), -0.0, 2**1000, -(2**1000) - 1, 0, -1, 255, 256, -256,
     "\ud800 lone surrogate", "", b"", bytearray(), (), [], {}, set(), frozenset(), (1,), [[[]]],
@@ -235,6 +241,22 @@ def test_a_value_that_is_not_data_is_pickled_with_its_place(value: Any) -> None:
         decode(data, source="snap.bin")
     assert info.value.where == "state.service.shards[0].nodes['/0/shuffle'].state[3]"
     assert str(info.value).startswith("snap.bin: ")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.recursive(leaves | st.builds(Custom) | st.builds(Record, st.integers()) | st.just(len), containers,
+                    max_leaves=12))
+def test_values_that_are_not_data_come_back_from_the_pickled_callback(value: Any) -> None:
+    data, pickled = encode(value)
+    assert all(type(entry) in (Custom, Record) or entry is len for _, entry in pickled)
+    calls: list[tuple[int, str]] = []
+
+    def unpickle(index: int, where: str) -> Any:
+        calls.append((index, where))
+        return pickled[index][1]
+
+    assert same(decode(data, pickled=unpickle), value)
+    assert calls == [(index, where) for index, (where, _) in enumerate(pickled)]
 
 
 def test_places_of_keys_members_and_the_outermost_container_of_a_cycle() -> None:

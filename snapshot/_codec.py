@@ -53,6 +53,9 @@ What data does not keep: object identity (a list held twice decodes as two equal
 views of one tensor decode as separate tensors), array memory order (arrays decode
 C-contiguous and writable), a tensor's autograd history (a tensor decodes as a leaf with its
 ``requires_grad``). Values must not change while they are encoded.
+
+The encoder is in ``_codec_encode``, the decoder in ``_codec_decode``, and the tags and dtype
+tables both use in ``_codec_types``; callers import from this module.
 """
 from __future__ import annotations
 

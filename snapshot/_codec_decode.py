@@ -98,6 +98,14 @@ class Decoder:
         self.offset += size
         return data
 
+    def _sized(self, what: str) -> memoryview:
+        """The bytes after a length (in one step when the length is one byte, the common case)."""
+        offset = self.offset
+        if offset < self._end and (size := self._data[offset]) < 253 and offset + 1 + size <= self._end:
+            self.offset = offset + 1 + size
+            return self._data[offset + 1:self.offset]
+        return self._take(self._length(what), what)
+
     def _count(self, depth: int, what: str) -> int:
         """The number of items of a container; each takes a byte at least."""
         if depth >= wire.MAX_DEPTH:
@@ -109,17 +117,8 @@ class Decoder:
 
     # values ----------------------------------------------------------------------------------------
 
-    def _none(self, depth: int) -> None:
-        return None
-
-    def _true(self, depth: int) -> bool:
-        return True
-
-    def _false(self, depth: int) -> bool:
-        return False
-
     def _int(self, depth: int) -> int:
-        return int.from_bytes(self._take(self._length("an int"), "an int"), "little", signed=True)
+        return int.from_bytes(self._sized("an int"), "little", signed=True)
 
     def _float(self, depth: int) -> float:
         value: float = wire.DOUBLE.unpack(self._take(8, "a float"))[0]
@@ -130,7 +129,7 @@ class Decoder:
         return complex(real, imag)
 
     def _str(self, depth: int) -> str:
-        data = self._take(self._length("a str"), "a str")
+        data = self._sized("a str")
         try:
             return str(data, "utf-8", "surrogatepass")
         except UnicodeDecodeError as error:
@@ -138,10 +137,10 @@ class Decoder:
             raise self._corrupt(f"a str that is not UTF-8 ({error.reason} at its byte {error.start})") from None
 
     def _bytes(self, depth: int) -> bytes:
-        return bytes(self._take(self._length("a bytes"), "a bytes"))
+        return bytes(self._sized("a bytes"))
 
     def _bytearray(self, depth: int) -> bytearray:
-        return bytearray(self._take(self._length("a bytearray"), "a bytearray"))
+        return bytearray(self._sized("a bytearray"))
 
     def _items(self, depth: int, what: str) -> list[Any]:
         items = []
@@ -212,7 +211,7 @@ class Decoder:
         if self._in_descr:
             raise self._corrupt(f"an array's dtype description holds a pickled value ({where})")
         if self._pickled is None:
-            raise UntrustedStateError(where, source=self._source)
+            raise UntrustedStateError(where if where.isprintable() else repr(where), source=self._source)
         try:
             return self._pickled(index, where)
         except Exception as error:
@@ -270,7 +269,7 @@ class Decoder:
         if self._in_descr:
             raise self._corrupt("an array's dtype description holds a tensor")
         at = self.offset
-        name = str(self._take(self._length("a tensor's dtype"), "a tensor's dtype"), "ascii", "replace")
+        name = str(self._sized("a tensor's dtype"), "ascii", "replace")
         dtype = wire.torch_dtypes().get(name)
         if dtype is None:
             self.offset = at
@@ -288,7 +287,8 @@ class Decoder:
 # The reader of each tag (functions, not bound methods: a decoder holds no cycle, so the buffer it
 # reads is let go as soon as the decoder is).
 _HANDLERS: dict[int, Callable[[Decoder, int], Any]] = {tag[0]: handler for tag, handler in (
-    (wire.NONE, Decoder._none), (wire.TRUE, Decoder._true), (wire.FALSE, Decoder._false),
+    (wire.NONE, lambda decoder, depth: None), (wire.TRUE, lambda decoder, depth: True),
+    (wire.FALSE, lambda decoder, depth: False),
     (wire.INT, Decoder._int), (wire.FLOAT, Decoder._float), (wire.COMPLEX, Decoder._complex),
     (wire.STR, Decoder._str), (wire.BYTES, Decoder._bytes), (wire.BYTEARRAY, Decoder._bytearray),
     (wire.LIST, Decoder._list), (wire.TUPLE, Decoder._tuple), (wire.SET, Decoder._set),

@@ -480,6 +480,19 @@ def test_encoding_a_big_list_to_a_file_adds_little_memory(tmp_path: Path) -> Non
     assert back["small"] == value["small"]
 
 
+def test_big_payloads_reach_write_from_their_own_memory_and_small_values_in_buffers() -> None:
+    array, tensor, blob = np.arange(1 << 16, dtype="f8"), torch.arange(1 << 16, dtype=torch.float32), b"b" * 100000
+    pieces: list[Any] = []
+    encoder = Encoder(pieces.append)
+    encoder.encode([array, list(range(100000)), tensor, blob])
+    assert encoder.written == sum(len(piece) for piece in pieces)
+    assert any(np.shares_memory(np.asarray(piece), array) for piece in pieces if isinstance(piece, memoryview))
+    assert any(np.shares_memory(np.asarray(piece), tensor.numpy()) for piece in pieces if isinstance(piece, memoryview))
+    assert any(piece is blob for piece in pieces)
+    small = [len(piece) for piece in pieces if len(piece) not in (array.nbytes, tensor.nbytes, len(blob))]
+    assert len(small) > 3 and max(small) < 80 * 1024  # the ints came in buffers of about 64 KiB
+
+
 def benchmark(total_mib: int = 100) -> None:
     """Encode and decode throughput of a list of 1 MiB numpy arrays, against pickle (not a test:
     ``PYTHONPATH=. python -c "from tests.test_codec import benchmark; benchmark()"``)."""

@@ -18,6 +18,7 @@ reaches the caller: it is wrapped in one of these, with the original as ``__caus
     │   └── SignatureError             unsigned, wrongly signed or tampered (with a key)
     ├── GraphMismatchError             the graph built in code is not the saved graph
     ├── SerializationError             a pipe or a state cannot be pickled (names the pipe)
+    ├── UntrustedStateError            a state is stored pickled, and nothing said the file is trusted
     ├── RestoreError                   the snapshot is valid but cannot be applied here
     │   ├── PositionError              a saved count is beyond the data available
     │   ├── StrategyError              the requested strategy cannot restore this graph
@@ -49,6 +50,7 @@ __all__ = [
     "SnapshotFileError",
     "StrategyError",
     "TruncatedSnapshotError",
+    "UntrustedStateError",
     "VerificationError",
     "VersionSkewError",
     "WorkerError",
@@ -135,6 +137,24 @@ class GraphMismatchError(SnapshotError):
 
 class SerializationError(SnapshotError):
     """A DataPipe or a state could not be pickled; the message names the pipe."""
+
+
+class UntrustedStateError(SnapshotError):
+    """A value of the state is stored pickled (it is not plain data), and unpickling it could run
+    code from the file; nothing said the file is trusted.
+
+    ``where`` names the value (``state.nodes['0/datapipe'].state[3]``), ``source`` the file.
+    """
+
+    def __init__(self, where: str, *, source: str | None = None, hint: str | None = None):
+        prefix = f"{source}: " if source is not None else ""
+        super().__init__(
+            f"{prefix}{where} is stored pickled (it is not plain data: a custom class, for example), and "
+            "unpickling it can run code from the file; "
+            + (hint or "load it only from a file you trust: one signed with your key, or say you trust it "
+                       "with the argument of the call that allows unpickling"))
+        self.where = where
+        self.source = source
 
 
 class RestoreError(SnapshotError):

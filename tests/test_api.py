@@ -35,6 +35,7 @@ EXPECTED = [
     "SnapshotFileError",
     "StrategyError",
     "TruncatedSnapshotError",
+    "UntrustedStateError",
     "VerificationError",
     "VersionSkewError",
     "WorkerError",

@@ -9,20 +9,22 @@ This module knows nothing of snapshots: bytes in, bytes out.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
 import re
 import secrets
 import socket
-from collections.abc import Callable, Sequence
-from typing import Any
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from typing import IO, Any
 
 from snapshot import _storage
 from snapshot.errors import SnapshotFileError
 from snapshot.format import PathOrFile
 
-__all__ = ["atomic_write", "remove_stale_temporaries", "temp_name"]
+__all__ = ["atomic_file", "atomic_write", "remove_stale_temporaries", "temp_name"]
 
 #: A temporary file of a save in progress: ``.NAME.snapshot-tmp.<pid>.<host>-<random>``.
 _TEMP = re.compile(r"\.(?P<name>.+)\.snapshot-tmp\.(?P<pid>\d+)\.(?P<host>[0-9a-f]{8})-[0-9a-z_]+")
@@ -96,51 +98,61 @@ _CHUNK = 8 << 20
 def atomic_write(dest: PathOrFile, data: bytes | Sequence[bytes], *,
                  progress: Callable[[int], None] | None = None) -> None:
     """Write ``data`` (bytes, or pieces written one after the other) so that ``dest`` holds
-    either its old content or all of ``data``.
-
-    Paths are written to a temporary file in the same directory (named ``.NAME.snapshot-tmp.
-    <pid>.<host>-<random>``), flushed and fsync'ed, then renamed over ``dest``; the directory
-    is fsync'ed so the rename survives a crash. Temporary files left by saves that were killed
-    are removed first (see :func:`remove_stale_temporaries`). Missing parent directories are
-    created. A binary file object is simply written to. ``progress(n)`` is told of every chunk written.
-    """
+    either its old content or all of ``data`` (see :func:`atomic_file`). ``progress(n)`` is told of
+    every chunk written."""
     _check_writable(dest)
     chunks = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
     if _storage.is_url(dest):
         _storage.write_bytes(str(dest), chunks)
         return
-    if not isinstance(dest, (str, os.PathLike)):
+    with atomic_file(dest) as f:
         for chunk in chunks:
-            dest.write(chunk)
+            if progress is None:
+                f.write(chunk)
+                continue
+            view = memoryview(chunk)
+            for start in range(0, len(view), _CHUNK):
+                progress(f.write(view[start:start + _CHUNK]))
+
+
+@contextlib.contextmanager
+def atomic_file(dest: PathOrFile) -> Iterator[IO[bytes]]:
+    """A seekable binary file to write ``dest`` through: ``dest`` holds its old content or all of
+    what was written once the block ends without an error.
+
+    Paths are written to a temporary file in the same directory (named ``.NAME.snapshot-tmp.
+    <pid>.<host>-<random>``), flushed and fsync'ed, then renamed over ``dest``; the directory
+    is fsync'ed so the rename survives a crash. Temporary files left by saves that were killed
+    are removed first (see :func:`remove_stale_temporaries`). Missing parent directories are
+    created. A URL is written to a local temporary file, uploaded whole at the end. A binary file
+    object is written to directly when it can seek, else through a local temporary file.
+    """
+    _check_writable(dest)
+    if not isinstance(dest, (str, os.PathLike)):
+        if _seekable(dest):
+            yield dest
+        else:
+            with tempfile.TemporaryFile() as spool:
+                yield spool
+                spool.seek(0)
+                for chunk in iter(lambda: spool.read(_CHUNK), b""):
+                    dest.write(chunk)
         flush = getattr(dest, "flush", None)
         if flush is not None:
             flush()
         return
-    path = os.path.abspath(os.fspath(dest))
-    source = os.fspath(dest)
-    if os.path.isdir(path):
-        raise SnapshotFileError(
-            "is a directory; a snapshot file needs a file path (a distributed run's directory snapshot is "
-            "written by save_snapshot() on every rank)", source=source)
-    directory = os.path.dirname(path)
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except (FileExistsError, NotADirectoryError) as exc:
-        raise SnapshotFileError(
-            f"cannot create the directory {directory}: a file is in the way ({exc.filename or directory})",
-            source=source) from exc
-    remove_stale_temporaries(directory)
+    if _storage.is_url(dest):
+        with tempfile.TemporaryFile() as spool:
+            yield spool
+            spool.seek(0)
+            _storage.write_bytes(str(dest), iter(lambda: spool.read(_CHUNK), b""))  # type: ignore[arg-type]
+        return
+    path, directory = _prepare(dest)
     tmp = os.path.join(directory, temp_name(os.path.basename(path)))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                if progress is None:
-                    f.write(chunk)
-                    continue
-                view = memoryview(chunk)
-                for start in range(0, len(view), _CHUNK):
-                    progress(f.write(view[start:start + _CHUNK]))
+        with os.fdopen(fd, "w+b") as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -155,3 +167,29 @@ def atomic_write(dest: PathOrFile, data: bytes | Sequence[bytes], *,
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def _seekable(f: Any) -> bool:
+    try:
+        return bool(f.seekable())
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+def _prepare(dest: str | os.PathLike[str]) -> tuple[str, str]:
+    """The absolute path and directory of ``dest``, the directory made, stale temporaries removed."""
+    path = os.path.abspath(os.fspath(dest))
+    source = os.fspath(dest)
+    if os.path.isdir(path):
+        raise SnapshotFileError(
+            "is a directory; a snapshot file needs a file path (a distributed run's directory snapshot is "
+            "written by save_snapshot() on every rank)", source=source)
+    directory = os.path.dirname(path)
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as exc:
+        raise SnapshotFileError(
+            f"cannot create the directory {directory}: a file is in the way ({exc.filename or directory})",
+            source=source) from exc
+    remove_stale_temporaries(directory)
+    return path, directory

@@ -10,7 +10,7 @@ Every malformed input raises :class:`~snapshot.errors.CorruptSnapshotError` with
 from __future__ import annotations
 
 import struct
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +48,7 @@ class Decoder:
         self._pickled = pickled
         self._source = source
         self._in_descr = False
+        self._strings: list[str] = []  # long strs read so far (see wire.STR_REF)
 
     def next(self) -> Any:
         """The value at ``offset``, which moves past it."""
@@ -211,7 +212,7 @@ class Decoder:
         if self._in_descr:
             raise self._corrupt(f"an array's dtype description holds a pickled value ({where})")
         if self._pickled is None:
-            raise UntrustedStateError(where if where.isprintable() else repr(where), source=self._source)
+            raise _untrusted(where, self._source)
         try:
             return self._pickled(index, where)
         except Exception as error:
@@ -284,17 +285,58 @@ class Decoder:
         return wire.tensor_from(dtype, shape, data, requires_grad=flag == 1)
 
 
+def _chunk(decoder: Decoder, depth: int) -> Any:
+    from torch.utils.data.datapipes.datapipe import DataChunk  # a fixed class, never one the data names
+
+    return DataChunk(decoder._items(depth, "DataChunk"))
+
+
+def _defaultdict(decoder: Decoder, depth: int) -> defaultdict[Any, Any]:
+    at = decoder.offset
+    index = decoder._length("a defaultdict's factory")
+    if index >= len(wire.FACTORIES):
+        decoder.offset = at
+        raise decoder._corrupt(f"a defaultdict whose factory is number {index}, of {len(wire.FACTORIES)} known")
+    if decoder._data[decoder.offset:decoder.offset + 1] != wire.DICT:
+        raise decoder._corrupt("a defaultdict whose items are not a dict")
+    decoder.offset += 1
+    return defaultdict(wire.FACTORIES[index], decoder._dict(depth))
+
+
+def _untrusted(where: str, source: str) -> UntrustedStateError:
+    shown = where if where.isprintable() else repr(where)
+    return UntrustedStateError(f"{shown} is stored pickled (not data), and unpickling it can run code from the file: "
+                               "trust it with a key or allow_pickle=True", source=source, where=where)
+
+
+def _string(decoder: Decoder, depth: int) -> str:
+    text = decoder._str(depth)
+    if len(text) >= wire.SHARED_STR:
+        decoder._strings.append(text)
+    return text
+
+
+def _string_ref(decoder: Decoder, depth: int) -> str:
+    at = decoder.offset
+    index = decoder._length("a reference to an earlier str")
+    if index >= len(decoder._strings):
+        decoder.offset = at
+        raise decoder._corrupt(f"a reference to str number {index}, of {len(decoder._strings)} read so far")
+    return decoder._strings[index]
+
+
 # The reader of each tag (functions, not bound methods: a decoder holds no cycle, so the buffer it
 # reads is let go as soon as the decoder is).
 _HANDLERS: dict[int, Callable[[Decoder, int], Any]] = {tag[0]: handler for tag, handler in (
     (wire.NONE, lambda decoder, depth: None), (wire.TRUE, lambda decoder, depth: True),
     (wire.FALSE, lambda decoder, depth: False),
     (wire.INT, Decoder._int), (wire.FLOAT, Decoder._float), (wire.COMPLEX, Decoder._complex),
-    (wire.STR, Decoder._str), (wire.BYTES, Decoder._bytes), (wire.BYTEARRAY, Decoder._bytearray),
+    (wire.STR, _string), (wire.BYTES, Decoder._bytes), (wire.BYTEARRAY, Decoder._bytearray),
     (wire.LIST, Decoder._list), (wire.TUPLE, Decoder._tuple), (wire.SET, Decoder._set),
     (wire.FROZENSET, Decoder._frozenset), (wire.DICT, Decoder._dict), (wire.DEQUE, Decoder._deque),
     (wire.RANGE, Decoder._range), (wire.ARRAY, Decoder._array), (wire.NUMPY_SCALAR, Decoder._numpy_scalar),
-    (wire.TENSOR, Decoder._tensor), (wire.PICKLED, Decoder._pickle),
+    (wire.TENSOR, Decoder._tensor), (wire.PICKLED, Decoder._pickle), (wire.CHUNK, _chunk),
+    (wire.DEFAULTDICT, _defaultdict), (wire.STR_REF, _string_ref),
 )}
 
 

@@ -8,7 +8,7 @@ own memory, so encoding a large state to a file holds no second copy of it.
 from __future__ import annotations
 
 import sys
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable
 from gc import is_tracked
 from typing import Any
@@ -17,10 +17,13 @@ from snapshot._codec_types import (
     ARRAY,
     BYTEARRAY,
     BYTES,
+    CHUNK,
     COMPLEX,
+    DEFAULTDICT,
     DEQUE,
     DICT,
     DOUBLE,
+    FACTORIES,
     FALSE,
     FLOAT,
     FROZENSET,
@@ -32,7 +35,9 @@ from snapshot._codec_types import (
     PICKLED,
     RANGE,
     SET,
+    SHARED_STR,
     STR,
+    STR_REF,
     TENSOR,
     TRUE,
     TUPLE,
@@ -78,6 +83,7 @@ class Encoder:
         self._root = ""
         self._path: list[list[Any]] = []  # [kind, index or key] for each container entered
         self._cyclic: set[int] = set()
+        self._strings: dict[str, int] = {}  # long strs written so far, by their index (see STR_REF)
         self._handlers: dict[type, Handler] = {
             type(None): self._none, bool: self._bool, int: self._int, float: self._float, complex: self._complex,
             str: self._str, bytes: self._bytes, bytearray: self._bytes, list: self._items, tuple: self._items,
@@ -113,6 +119,10 @@ class Encoder:
         torch = sys.modules.get("torch")
         if torch is not None and kind is torch.Tensor:
             return self._tensor
+        if torch is not None and kind is _data_chunk():
+            return self._chunk
+        if kind is defaultdict:
+            return self._defaultdict
         return self._pickle
 
     def _small(self, data: bytes) -> None:
@@ -174,6 +184,12 @@ class Encoder:
         self._small(COMPLEX + TWO_DOUBLES.pack(value.real, value.imag))
 
     def _str(self, value: str, depth: int) -> None:
+        if len(value) >= SHARED_STR:
+            seen = self._strings.get(value)
+            if seen is not None:
+                self._small(STR_REF + length(seen))
+                return
+            self._strings[value] = len(self._strings)
         data = value.encode("utf-8", "surrogatepass")
         if len(data) < 253:
             self._buffer += STR
@@ -197,6 +213,23 @@ class Encoder:
             return
         self._small(_ITEMS[type(value)] + length(len(value)))
         self._each(value, depth, "member" if type(value) in (set, frozenset) else "item")
+
+    def _chunk(self, value: list[Any], depth: int) -> None:
+        # torch keeps the items twice (the list, and ``.items``): the copy is rebuilt, anything else is not data
+        extra = vars(value)
+        if depth >= MAX_DEPTH or set(extra) - {"items"} or not _same_items(extra.get("items", value), value):
+            self._pickle(value)
+            return
+        self._small(CHUNK + length(len(value)))
+        self._each(value, depth, "item")
+
+    def _defaultdict(self, value: defaultdict[Any, Any], depth: int) -> None:
+        factory = value.default_factory
+        if depth >= MAX_DEPTH or not any(factory is known for known in FACTORIES):
+            self._pickle(value)
+            return
+        self._small(DEFAULTDICT + length(next(i for i, known in enumerate(FACTORIES) if factory is known)))
+        self._dict(dict(value), depth)
 
     def _deque(self, value: deque[Any], depth: int) -> None:
         if depth >= MAX_DEPTH or id(value) in self._cyclic:
@@ -322,3 +355,21 @@ def _short_repr(key: Any) -> str:
 def _str_bytes(text: str) -> bytes:
     data = text.encode("utf-8", "surrogatepass")
     return STR + length(len(data)) + data
+
+
+def _data_chunk() -> type:
+    """torch's ``DataChunk`` (imported only once torch is: the codec does not import torch itself)."""
+    from torch.utils.data.datapipes.datapipe import DataChunk
+
+    chunk: type = DataChunk
+    return chunk
+
+
+def _same_items(items: Any, chunk: list[Any]) -> bool:
+    """Whether ``items`` holds the chunk's own items (the same objects; equal numbers and strings after a
+    pickle round trip between processes, which copies them)."""
+    return type(items) is list and len(items) == len(chunk) and all(
+        a is b or (type(a) is type(b) and type(a) in _ATOMS and a == b) for a, b in zip(items, chunk))
+
+
+_ATOMS = (int, float, complex, str, bytes)

@@ -24,6 +24,15 @@ STR, BYTES, BYTEARRAY = b"s", b"b", b"B"
 LIST, TUPLE, DICT, SET, FROZENSET, DEQUE, RANGE = b"l", b"t", b"D", b"S", b"Z", b"Q", b"R"
 ARRAY, NUMPY_SCALAR, TENSOR = b"A", b"G", b"X"
 PICKLED = b"P"
+#: Two container classes that pipelines yield and buffer, rebuilt from this fixed table (never from a name
+#: in the data): torch's ``DataChunk`` (what ``batch()`` yields: a list), and ``collections.defaultdict``
+#: whose ``default_factory`` is one of :data:`FACTORIES` (named by its position in that tuple).
+CHUNK, DEFAULTDICT = b"C", b"E"
+#: A str equal to an earlier one of at least :data:`SHARED_STR` characters in the same stream: its
+#: index among those (a file path repeated in every buffered sample's address is written once).
+STR_REF = b"r"
+SHARED_STR = 4
+FACTORIES: tuple[Any, ...] = (None, list, dict, set, int, float, str, tuple, bytes)
 
 # Deeper nesting is refused when decoding and pickled when encoding: both recurse two Python
 # frames a level, and this leaves the caller room under Python's default recursion limit (1000).

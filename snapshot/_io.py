@@ -14,11 +14,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from snapshot import _atomic, _object_directory, _progress, _sources, format, multipart, schema
-from snapshot.capture import Snapshot
+from snapshot import _atomic, _dict_form, _object_directory, _progress, _sources, format, multipart, schema
+from snapshot.capture import LoaderState, Snapshot, encode
 from snapshot.errors import CorruptSnapshotError, ManifestError, SnapshotFileError
 
-__all__ = ["load", "merge_parts", "save"]
+__all__ = ["load", "merge_parts", "save", "write"]
 
 _log = logging.getLogger(__name__)
 
@@ -48,6 +48,35 @@ def save(snap: Snapshot, dest: format.PathOrFile, *, key: bytes | str | None = N
               snap.epoch, snap.yielded, time.perf_counter() - start)
 
 
+def write(source: LoaderState, dest: str | os.PathLike[str], *, key: bytes | str | None = None,
+          progress: bool = True) -> Snapshot:
+    """Encode ``source`` straight into ``dest`` (a path or a URL), atomically; its :class:`Snapshot`.
+
+    Node states and samples are written as they are encoded (see :class:`snapshot.format.Writer`),
+    so the save holds no copy of the state; the returned snapshot reads its payload back from
+    ``dest`` only if it is asked for it.
+    """
+    start = time.perf_counter()
+    name = os.fspath(dest)
+    with _atomic.atomic_file(dest) as f, _progress.bar(None if progress else 0, f"snapshot: saving {name}",
+                                                        unit="B", unit_scale=True) as bar:
+        writer = format.Writer(f, key=key, progress=bar.update if bar.shown else None)
+        manifest = encode(source, writer)
+        size = writer.finish(manifest.to_dict())
+    _log.info("saved snapshot %s: %s bytes (epoch %d, sample %d) in %.3f s", name, f"{size:,}",
+              manifest.loader.epoch, manifest.loader.yielded, time.perf_counter() - start)
+    return Snapshot(manifest, payload=lambda: _written_payload(name, manifest))
+
+
+def _written_payload(name: str, manifest: schema.Manifest) -> bytes:
+    """The payload of the snapshot this process wrote at ``name``, checked against its manifest."""
+    container = _sources.read_container(name)
+    if container.manifest != manifest.to_dict() or container.payload is None:
+        raise SnapshotFileError("the file was replaced since this snapshot was saved to it (a later save to the "
+                                "same path?): load the file again", source=name)
+    return container.payload
+
+
 def merge_parts(manifest: dict[str, Any], parts: list[Snapshot]) -> Snapshot:
     """One snapshot from the ranks' parts: every logical shard, every rank's position."""
     parts = sorted(parts, key=lambda p: int(p.state["service"].get("layout", {}).get("rank", 0))
@@ -72,9 +101,9 @@ def merge_parts(manifest: dict[str, Any], parts: list[Snapshot]) -> Snapshot:
     return Snapshot(manifest, state, first.graph, first.service, b"", parts=parts)
 
 
-def _decode(container: format.Container, source: str) -> Snapshot:
+def _decode(container: format.Container, source: str, trusted: bool) -> Snapshot:
     """The snapshot in a verified container, refused unless its manifest describes its payload's state."""
-    snap = Snapshot.from_container(container, source=source)
+    snap = Snapshot.from_container(container, source=source, trusted=trusted)
     try:
         container.info.check_state(schema.SavedState.from_dict(snap.state), source=source)
     except ManifestError as exc:
@@ -86,15 +115,21 @@ _LOADABLE = ("a path (str or os.PathLike) to a snapshot file or a distributed sn
              "file object, bytes, a state dict or a Snapshot")
 
 
-def load(src: Any, *, key: bytes | str | None = None) -> Snapshot:
-    """Read and verify a snapshot (path, directory, binary file, bytes or state dict); then unpickle it.
+def load(src: Any, *, key: bytes | str | None = None, allow_pickle: bool = False) -> Snapshot:
+    """Read and verify a snapshot (path, directory, binary file, bytes or state dict); then decode it.
 
     With ``key`` (or ``$SNAPSHOT_KEY``) an unsigned or tampered file is refused before
-    anything is unpickled. A distributed snapshot (a directory, or a state dict of parts)
-    loads as one snapshot of all ranks. Anything else is a :class:`TypeError`.
+    anything is decoded. The state is decoded as data: nothing named in the file is imported
+    or called. A file whose state holds values that are not data (saved pickled), or a format-1
+    file (one pickle), is refused with an :class:`~snapshot.errors.UntrustedStateError` unless
+    it is signed with ``key`` or ``allow_pickle=True`` says that you trust it. The graph and the
+    reading service stay pickled bytes (``from_snapshot`` unpickles them). A distributed
+    snapshot (a directory, or a state dict of parts) loads as one snapshot of all ranks.
+    Anything else is a :class:`TypeError`.
     """
     if isinstance(src, Snapshot):
         return src
+    trusted = bool(allow_pickle) or format.resolve_key(key) is not None
     if key is not None and not isinstance(key, (bytes, str)):
         raise TypeError(f"key must be bytes or str, not {type(key).__name__}")
     if not isinstance(src, (str, os.PathLike, bytes, bytearray, memoryview, Mapping)) \
@@ -102,12 +137,12 @@ def load(src: Any, *, key: bytes | str | None = None) -> Snapshot:
         raise TypeError(f"snapshot.load() reads {_LOADABLE}; got a {type(src).__name__}")
     if _object_directory.is_directory(src):
         manifest, containers = _object_directory.read_parts(str(src), key=key)
-        return merge_parts(manifest, [_decode(c, str(src)) for c in containers])
+        return merge_parts(manifest, [_decode(c, str(src), trusted) for c in containers])
     if multipart.is_directory_snapshot(src):
         index, containers = multipart.read_parts(src, key=key)
-        return merge_parts(index.manifest, [_decode(c, str(src)) for c in containers])
+        return merge_parts(index.manifest, [_decode(c, str(src), trusted) for c in containers])
     if isinstance(src, Mapping):
-        container = format.from_state_dict(src, key=key)
+        container = _dict_form.from_state_dict(src, key=key)
         source = "<state_dict>"
         if container.info.is_index:
             assert container.payload is not None
@@ -120,7 +155,7 @@ def load(src: Any, *, key: bytes | str | None = None) -> Snapshot:
                           for entry, blob in zip(container.info.parts, blobs)]
             for entry, part in zip(container.info.parts, containers):
                 multipart.check_part(container.info, entry, part.info, source=source)
-            return merge_parts(container.manifest, [_decode(part, source) for part in containers])
+            return merge_parts(container.manifest, [_decode(part, source, trusted) for part in containers])
     elif isinstance(src, (bytes, bytearray, memoryview)):
         container = format.unpack(bytes(src), source="<bytes>", key=key)
         source = "<bytes>"
@@ -130,4 +165,4 @@ def load(src: Any, *, key: bytes | str | None = None) -> Snapshot:
         except OSError as exc:
             raise SnapshotFileError(f"cannot read the snapshot: {exc}", source=str(src)) from exc
         source = str(getattr(src, "name", src))
-    return _decode(container, source)
+    return _decode(container, source, trusted)

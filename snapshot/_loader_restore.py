@@ -29,7 +29,7 @@ def load_with_graph(src: Any, reading_service: ReadingServiceInterface | None,
     to build the loader with (the one saved in it when none is given)."""
     from snapshot._io import load
 
-    snap = load(src, key=key)
+    snap = load(src, key=key, allow_pickle=True)  # from_snapshot trusts the file: it unpickles its graph
     if snap.graph is None:
         raise SnapshotError(
             "the snapshot was saved with include_graph=False, so it holds no graph: "
@@ -55,7 +55,7 @@ def restore(loader: LoaderParts, snap: Snapshot, strategy: RestoreStrategy) -> N
     assert loader._graph is not None
     check_graph([node.to_dict() for node in snap.info.graph.nodes], loader._graph, loader.code_changes)
     make_plan(loader._graph, {}, strategy)  # refuses an impossible strategy up front
-    state = snap.state
+    state = snap.take_state()
     problems = loader.reading_service.validate(state["service"]) if state["service"] else []
     collective = loader._collective()
     rank_position = _rank_position(state, collective)
@@ -71,7 +71,7 @@ def restore(loader: LoaderParts, snap: Snapshot, strategy: RestoreStrategy) -> N
             differ = [r for r, i in enumerate(identities) if i != identities[0]]
             raise RankError(f"ranks {differ} restore a different snapshot than rank 0; every rank must "
                             "restore the same one")
-    service_state = _serialization.decode_nodes(state["service"]) if state["service"] else {}
+    service_state = state["service"] or {}
     # Validated: now change the loader (and put it back if verification fails).
     before = loader._position.copy()
     try:

@@ -8,10 +8,10 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from snapshot import _loader_restore, _object_directory, _rotation, _serialization, _staging, _storage
-from snapshot._io import save
+from snapshot._io import save, write
 from snapshot._loader_stop import stopped_service
 from snapshot._warnings import user_stacklevel
-from snapshot.capture import LoaderState, Snapshot, capture, snapshot_of
+from snapshot.capture import LoaderState, Snapshot, capture, capture_source, snapshot_of
 from snapshot.errors import SerializationError, SnapshotError
 from snapshot.format import PathOrFile
 from snapshot.multipart import part_info, parts_state_dict
@@ -81,7 +81,13 @@ def save_now(loader: LoaderParts, dest: PathOrFile | None, *, include_graph: boo
     """Capture and, when ``dest`` is given, write (a collective across ranks)."""
     check_portable(loader, include_graph)
     collective = loader._collective()
-    snap = capture(loader, include_graph=include_graph, verify=verify)
+    source = capture_source(loader, include_graph=include_graph, verify=verify)
+    if collective is None and isinstance(dest, (str, os.PathLike)):
+        snap = write(source, dest, key=key)  # encoded straight into the file: no copy of the state
+        if keep_last is not None:
+            _rotation.prune(dest, keep_last)
+        return snap
+    snap = snapshot_of(source)
     if dest is not None and collective is not None and _storage.is_url(dest):
         # object storage: every rank uploads its part, rank 0 the index last
         _object_directory.save_directory(collective, snap.to_bytes(key=key), snap.manifest, str(dest), key)
@@ -111,14 +117,14 @@ def save_in_background(loader: LoaderParts, dest: PathOrFile | None, *, include_
         return done
     source = _staging.stage(snapshot_source(loader, include_graph=include_graph, verify=verify))
 
-    def write() -> str:
+    def background() -> str:
         with _serialization.cooperative():
-            save(snapshot_of(source), path, key=key, progress=False)
+            write(source, path, key=key, progress=False)  # a background save never draws a bar
         if keep_last is not None:
             _rotation.prune(path, keep_last)
         return path
 
-    return loader._saver.submit(write, path)
+    return loader._saver.submit(background, path)
 
 
 def state_dict(loader: LoaderParts) -> dict[str, Any]:

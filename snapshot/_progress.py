@@ -68,11 +68,13 @@ class Bar:
 
 
 @contextmanager
-def bar(total: int, description: str, *, minimum: int = 1, unit: str = "it",
+def bar(total: int | None, description: str, *, minimum: int = 1, unit: str = "it",
         unit_scale: bool = False) -> Iterator[Bar]:
-    """A bar of ``total`` steps if ``total >= minimum``, :func:`wanted` and tqdm is installed; else a silent one."""
+    """A bar of ``total`` steps if ``total >= minimum``, :func:`wanted` and tqdm is installed; else a silent one.
+
+    ``total=None``: a count of unknown end (a save that streams), shown once it has run for ``DELAY`` seconds."""
     impl = None
-    if total >= minimum and wanted():
+    if (total is None or total >= minimum) and wanted():
         try:
             from tqdm import tqdm
         except ImportError:

@@ -20,7 +20,7 @@ import dill
 
 from snapshot.errors import SerializationError
 
-__all__ = ["clone", "cooperative", "decode_nodes", "dumps", "dumps_graph", "encode_nodes", "loads", "loads_graph",
+__all__ = ["clone", "cooperative", "decode_nodes", "dumps", "dumps_graph", "loads", "loads_graph",
            "portable_graph"]
 
 _PICKLE = b"P"
@@ -252,7 +252,7 @@ def clone(datapipe: Any) -> tuple[Any, bytes]:
     return loads_graph(data), data
 
 
-# -- node states: one pickle per node, inside the payload ----------------------------------
+# -- format 1: node states were pickled one per node, inside the payload's pickle -----------
 
 def _map_nodes(service: Mapping[str, Any], convert: Any) -> dict[str, Any]:
     """A copy of ``service`` with ``convert(path, state)`` applied to every node state."""
@@ -273,17 +273,7 @@ def _map_nodes(service: Mapping[str, Any], convert: Any) -> dict[str, Any]:
     return converted
 
 
-def encode_nodes(service: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of ``service`` whose node states are pickled one node at a time.
-
-    Each state is its own pickle, so a state that cannot be pickled is reported with its
-    node path, and the manifest can show each node's state size.
-    """
-    return _map_nodes(service, lambda path, state: dumps(
-        state, what=f"state of the DataPipe at {path}"))
-
-
 def decode_nodes(service: Mapping[str, Any]) -> dict[str, Any]:
-    """Inverse of :func:`encode_nodes` (call only on verified payloads)."""
+    """The node states of a format-1 payload, unpickled (call only on verified, trusted payloads)."""
     return _map_nodes(service, lambda path, state: loads(
         state, what=f"state of the DataPipe at {path}") if isinstance(state, bytes) else state)

@@ -9,22 +9,23 @@ buffered samples), and optionally the pickled graph and reading-service configur
 
 from __future__ import annotations
 
+import copy
 import datetime
 import functools
 import hashlib
 import json
 import logging
 import platform
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from snapshot import _serialization, format, multipart, schema
+from snapshot import _dict_form, _payload, format, multipart, schema
 from snapshot._version import __version__
-from snapshot.errors import CorruptSnapshotError, ManifestError, SnapshotFileError
+from snapshot.errors import ManifestError, SnapshotFileError
 
-__all__ = ["LoaderState", "Snapshot", "capture", "snapshot_of"]
+__all__ = ["LoaderState", "Snapshot", "capture", "capture_source", "encode", "snapshot_of"]
 
 
 @dataclass
@@ -92,7 +93,7 @@ def _node_positions(records: Mapping[str, Any], replayed: set[str]) -> dict[str,
         state = record.get("state")
         nodes[path] = schema.NodePosition(
             yielded=record.get("yielded"),
-            state_bytes=len(state) if isinstance(state, bytes) else None,
+            state_bytes=None if state is None else _payload.size_of(state),
             buffered=record.get("buffered", 0),
             restore="replay" if path in replayed else "state",
             buffer_state=record.get("buffer_state"),
@@ -129,8 +130,9 @@ def _upstream_position(upstream: Mapping[str, Any]) -> schema.UpstreamPosition:
     )
 
 
-def _manifest(source: LoaderState, service: Mapping[str, Any], payload: bytes,
-              parts: dict[str, int]) -> schema.Manifest:
+def _manifest(source: LoaderState, payload: dict[str, Any]) -> schema.Manifest:
+    """The manifest of ``source``, whose payload ``payload`` records (size, digest, sections)."""
+    service = source.service
     seeds = service.get("seeds", {})
     node_seeds: dict[str, str] = {}
     for path, seed in seeds.get("shared", {}).items():
@@ -156,20 +158,22 @@ def _manifest(source: LoaderState, service: Mapping[str, Any], payload: bytes,
         upstream=tuple(_upstream_position(u) for u in service.get("upstream", [])),
         verify=None if verify is None else schema.VerifyRecord(verify["count"], tuple(verify["fingerprints"]),
                                                                 verify["ends"]),
-        payload=schema.PayloadRecord(**format.payload_record(payload), parts=parts),
+        payload=schema.PayloadRecord.from_dict(payload),
     )
 
 
 class Snapshot:
-    """A captured data position: a JSON ``manifest`` plus the objects a restore needs.
+    """A captured data position: a JSON ``manifest`` plus the payload a restore needs.
 
-    A distributed snapshot (a directory, or a state dict with ``parts``) loads as one
-    snapshot whose ``parts`` are the ranks' own snapshots.
+    The payload (``state``, ``graph``, ``service``) is decoded when first used: a snapshot that
+    was just written to a file reads its payload back from there only if asked. A distributed
+    snapshot (a directory, or a state dict with ``parts``) loads as one snapshot whose ``parts``
+    are the ranks' own snapshots.
     """
 
-    def __init__(self, manifest: dict[str, Any] | schema.Manifest, state: dict[str, Any],
-                 graph: bytes | None, service: bytes | None, payload: bytes,
-                 parts: list[Snapshot] | None = None):
+    def __init__(self, manifest: dict[str, Any] | schema.Manifest, state: dict[str, Any] | None = None,
+                 graph: bytes | None = None, service: bytes | None = None,
+                 payload: bytes | Callable[[], bytes] = b"", parts: list[Snapshot] | None = None):
         if isinstance(manifest, schema.Manifest):
             #: The manifest, typed (see :mod:`snapshot.schema`).
             self.info = manifest
@@ -178,11 +182,53 @@ class Snapshot:
         else:
             self.info = schema.Manifest.from_dict(manifest)
             self.manifest = manifest
-        self.state = state
-        self.graph = graph
-        self.service = service
-        self._payload = payload
+        self._body: dict[str, Any] | None = None
+        if state is not None:
+            self._body = {"state": state, "graph": graph, "service": service}
+        self._payload_source = payload
+        self._handed_out = False
         self.parts = parts
+
+    @property
+    def _payload(self) -> bytes:
+        if callable(self._payload_source):
+            self._payload_source = self._payload_source()
+        return self._payload_source
+
+    def _decoded(self) -> dict[str, Any]:
+        if self._body is None:  # our own capture, or a load that already checked trust
+            assert self.info.payload is not None
+            self._body = _payload.read(self._payload, self.info.payload, trusted=True, source="<snapshot>")
+        return self._body
+
+    def take_state(self) -> dict[str, Any]:
+        """The saved state for a restore to consume: pipes may keep and change what they are given
+        (a buffer list), so each call after the first decodes a fresh copy."""
+        if not self._handed_out:
+            self._handed_out = True
+            return self.state
+        if self.parts is None and self.info.payload is not None and self.info.payload.size:
+            fresh = _payload.read(self._payload, self.info.payload, trusted=True, source="<snapshot>")
+            state: dict[str, Any] = fresh["state"]
+            return state
+        return copy.deepcopy(self.state)
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """The loader's saved state (position, randomness, the reading service's checkpoint)."""
+        state: dict[str, Any] = self._decoded()["state"]
+        return state
+
+    @property
+    def graph(self) -> bytes | None:
+        """The graph's dill pickle (``None``: saved with ``include_graph=False``)."""
+        return self._decoded()["graph"] if self.info.graph.included else None
+
+    @property
+    def service(self) -> bytes | None:
+        """The reading service's pickle."""
+        service: bytes | None = self._decoded()["service"]
+        return service
 
     @property
     def epoch(self) -> int:
@@ -201,7 +247,7 @@ class Snapshot:
     def __repr__(self) -> str:
         return (f"Snapshot(epoch={self.epoch}, yielded={self.yielded}, "
                 f"nodes={len(self.info.graph.nodes)}, "
-                f"graph={'included' if self.graph is not None else 'not included'})")
+                f"graph={'included' if self.info.graph.included else 'not included'})")
 
     @property
     def identity(self) -> str:
@@ -224,33 +270,63 @@ class Snapshot:
             infos = [multipart.part_info(rank, part.manifest, blob)
                      for rank, (part, blob) in enumerate(zip(self.parts, blobs))]
             return multipart.parts_state_dict(infos, blobs, key=key)
-        return format.to_state_dict(self.manifest, self._payload, key=key)
+        return _dict_form.to_state_dict(self.manifest, self._payload, key=key)
 
     @classmethod
-    def from_container(cls, container: format.Container, *, source: str) -> Snapshot:
-        """The snapshot in a verified container; its state is checked against the schema."""
+    def from_container(cls, container: format.Container, *, source: str, trusted: bool = False) -> Snapshot:
+        """The snapshot in a verified container, decoded; its state is checked against the schema.
+
+        A payload that would unpickle something from the file (format 1, or values that are not
+        data) is refused with an :class:`~snapshot.errors.UntrustedStateError` unless ``trusted``.
+        """
         assert container.payload is not None
         if container.info.is_index:
             raise SnapshotFileError(
                 "this is the index of a distributed snapshot (its manifest.snap): pass the directory that "
                 "holds it and the ranks' parts", source=source)
-        body = _serialization.loads(container.payload, what=f"snapshot payload of {source}")
-        if not isinstance(body, dict) or "state" not in body:
-            raise CorruptSnapshotError("the payload does not hold a snapshot state", source=source)
-        for part in ("graph", "service"):
-            if not isinstance(body.get(part), (bytes, type(None))):
-                raise ManifestError(f"payload.{part}", "pickled bytes or None",
-                                           type(body[part]).__name__, source=source)
+        record = container.info.payload or schema.PayloadRecord(len(container.payload), "")
+        body = _payload.read(container.payload, record, trusted=trusted, source=source)
         try:
             schema.SavedState.from_dict(body["state"])
         except ManifestError as exc:
             raise exc.at(source) from None
-        return cls(container.info, body["state"], body.get("graph"), body.get("service"),
-                   container.payload)
+        snap = cls(container.info, payload=container.payload)
+        snap._body = body
+        return snap
+
+
+class _Memory:
+    """A payload written into memory (pieces joined once), hashed as it goes."""
+
+    def __init__(self) -> None:
+        self.pieces: list[bytes] = []
+        self._hash = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: Any) -> None:
+        # a large piece is a view of a captured array or bytes: joined once, not copied twice
+        keep = isinstance(data, bytes) or memoryview(data).nbytes >= 1 << 20
+        self.pieces.append(data if keep else bytes(data))
+        self._hash.update(data)
+        self.size += memoryview(data).nbytes
+
+    @property
+    def sha256(self) -> str:
+        return self._hash.hexdigest()
 
 
 def capture(loader: Any, *, include_graph: bool = True, verify: int = 0) -> Snapshot:
     """Capture the current position of ``loader`` (a :class:`~snapshot.DataLoader2`).
+
+    With ``verify=K`` the next K samples are computed ahead (and then served by the loader
+    from a buffer, so nothing is lost), and their fingerprints are recorded: a restore
+    compares them with the samples it produces and refuses a stream that diverges.
+    """
+    return snapshot_of(capture_source(loader, include_graph=include_graph, verify=verify))
+
+
+def capture_source(loader: Any, *, include_graph: bool = True, verify: int = 0) -> LoaderState:
+    """What :func:`capture` encodes: the loader's state as it reports it, not yet encoded.
 
     With ``verify=K`` the next K samples are computed ahead (and then served by the loader
     from a buffer, so nothing is lost), and their fingerprints are recorded: a restore
@@ -265,20 +341,25 @@ def capture(loader: Any, *, include_graph: bool = True, verify: int = 0) -> Snap
     if getattr(loader, "_graph", None) is not None:
         check_restorable(loader._graph)  # refuse before anything is computed ahead or written
     source: LoaderState = loader._snapshot_source(include_graph=include_graph, verify=verify)
-    return snapshot_of(source)
+    return source
+
+
+def encode(source: LoaderState, writer: Any) -> schema.Manifest:
+    """Write ``source``'s payload into ``writer`` (``write``, ``size``, ``sha256``: a
+    :class:`snapshot.format.Writer` or one in memory) as it is encoded; the manifest that records it.
+
+    Node states and samples are written as data straight from the captured objects, so a save
+    adds little memory above the state itself (see :mod:`snapshot._payload`).
+    """
+    body = {"state": source.restore_state(), "graph": source.graph_bytes, "service": source.service_bytes}
+    sections = _payload.write(body, writer.write)
+    graph_size, service_size = len(source.graph_bytes or b""), len(source.service_bytes or b"")
+    parts = {"graph": graph_size, "service": service_size, "state": writer.size - graph_size - service_size}
+    return _manifest(source, {**sections, "size": writer.size, "sha256": writer.sha256, "parts": parts})
 
 
 def snapshot_of(source: LoaderState) -> Snapshot:
-    """The :class:`Snapshot` of a captured loader state: node states and payload pickled.
-
-    A background save calls it in its own thread on a staged copy of ``source``.
-    """
-    state = source.restore_state()
-    state["service"] = _serialization.encode_nodes(source.service)
-    body = {"state": state, "graph": source.graph_bytes, "service": source.service_bytes}
-    payload = _serialization.dumps(body, what="snapshot state")
-    graph_size, service_size = len(source.graph_bytes or b""), len(source.service_bytes or b"")
-    parts = {"graph": graph_size, "service": service_size,
-             "state": len(payload) - graph_size - service_size}
-    return Snapshot(_manifest(source, state["service"], payload, parts), state, source.graph_bytes,
-                    source.service_bytes, payload)
+    """The :class:`Snapshot` of a captured loader state, its payload encoded in memory."""
+    memory = _Memory()
+    manifest = encode(source, memory)
+    return Snapshot(manifest, payload=b"".join(memory.pieces))

@@ -223,14 +223,17 @@ class DataLoader2(PausingMethods, Generic[T_co]):
 
     def restore_snapshot(
         self, src: Any, *, strategy: RestoreStrategy | str = "auto",
-        key: bytes | str | None = None,
+        key: bytes | str | None = None, allow_pickle: bool = False,
     ) -> Snapshot:
         """Continue from a snapshot: the next ``iter(loader)`` yields the rest of its epoch.
 
         ``src`` is a path, a binary file, bytes, a :class:`Snapshot` or a state dict.
-        Everything is validated before the loader changes.
+        Everything is validated before the loader changes. The state is decoded as data, so
+        this runs no code from the file; a snapshot whose state holds values that are not data
+        (saved pickled), or one in format 1, is refused unless it is signed with ``key`` (or
+        ``$SNAPSHOT_KEY``) or ``allow_pickle=True`` says that you trust it.
         """
-        return _restore_into(self, src, strategy=strategy, key=key)
+        return _restore_into(self, src, strategy=strategy, key=key, allow_pickle=allow_pickle)
 
     def _restore(self, snap: Snapshot, strategy: RestoreStrategy) -> None:
         _loader_restore.restore(self, snap, strategy)
@@ -244,6 +247,9 @@ class DataLoader2(PausingMethods, Generic[T_co]):
         """A loader built from the graph pickled in ``src``, positioned where it was saved.
 
         Without ``reading_service``, the service saved in the snapshot is used again.
+        This unpickles the graph (and the service) from the file, which runs code from it: use it
+        on snapshots you trust (signed ones, with ``key``). It trusts the file's pickled values
+        too. To run nothing from a file, build the graph in code and call :meth:`restore_snapshot`.
         """
         snap, reading_service = _loader_restore.load_with_graph(src, reading_service, key)
         loader: DataLoader2[Any] = cls(None, reading_service=reading_service, buffer_state=buffer_state,
@@ -267,14 +273,16 @@ class DataLoader2(PausingMethods, Generic[T_co]):
         return _loader_save.state_dict(self)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore from :meth:`state_dict` (mid-epoch; ``strategy="auto"``)."""
+        """Restore from :meth:`state_dict` (mid-epoch); runs no code from it (as :meth:`restore_snapshot`: pickled
+        values need ``$SNAPSHOT_KEY`` on both sides, or ``restore_snapshot(state_dict, allow_pickle=True)``)."""
         _lightning_guard.check_caller("load_state_dict")
         self.restore_snapshot(state_dict)
 
     @classmethod
     def from_state(cls, state: dict[str, Any], reading_service: ReadingServiceInterface | None = None
                    ) -> DataLoader2[Any]:
-        """A loader built from a state dict's pickled graph, positioned where it was saved."""
+        """A loader built from a state dict's pickled graph, positioned where it was saved (it unpickles
+        the graph: see :meth:`from_snapshot`)."""
         return cls.from_snapshot(state, reading_service)
 
     def __repr__(self) -> str:

@@ -15,10 +15,10 @@ reaches the caller: it is wrapped in one of these, with the original as ``__caus
     │   │   └── ManifestError          a field of the manifest (or saved state) is missing or wrong
     │   ├── ForeignFileError           not a snapshot at all (a torch checkpoint, a pickle, ...)
     │   ├── VersionSkewError           written by a format this version cannot read
-    │   └── SignatureError             unsigned, wrongly signed or tampered (with a key)
+    │   ├── SignatureError             unsigned, wrongly signed or tampered (with a key)
+    │   └── UntrustedStateError        restoring would unpickle from the file, and nothing vouches for it
     ├── GraphMismatchError             the graph built in code is not the saved graph
     ├── SerializationError             a pipe or a state cannot be pickled (names the pipe)
-    ├── UntrustedStateError            a state is stored pickled, and nothing said the file is trusted
     ├── RestoreError                   the snapshot is valid but cannot be applied here
     │   ├── PositionError              a saved count is beyond the data available
     │   ├── StrategyError              the requested strategy cannot restore this graph
@@ -124,6 +124,19 @@ class SignatureError(SnapshotFileError):
     """A key was given and the file is unsigned, signed with another key, or altered."""
 
 
+class UntrustedStateError(SnapshotFileError):
+    """Restoring would unpickle a value from the file (a format-1 payload, or a value that is not data),
+    and neither a key the file is signed with nor ``allow_pickle=True`` vouches for it.
+
+    ``where`` names the value when there is one (``state.service.shards[0].nodes['0/datapipe'].state[3]``).
+    """
+
+    def __init__(self, message: str, *, source: str | None = None, offset: int | None = None,
+                 where: str | None = None):
+        super().__init__(message, source=source, offset=offset)
+        self.where = where
+
+
 class GraphMismatchError(SnapshotError):
     """The DataPipe graph given for a restore is not the graph that was saved.
 
@@ -137,24 +150,6 @@ class GraphMismatchError(SnapshotError):
 
 class SerializationError(SnapshotError):
     """A DataPipe or a state could not be pickled; the message names the pipe."""
-
-
-class UntrustedStateError(SnapshotError):
-    """A value of the state is stored pickled (it is not plain data), and unpickling it could run
-    code from the file; nothing said the file is trusted.
-
-    ``where`` names the value (``state.nodes['0/datapipe'].state[3]``), ``source`` the file.
-    """
-
-    def __init__(self, where: str, *, source: str | None = None, hint: str | None = None):
-        prefix = f"{source}: " if source is not None else ""
-        super().__init__(
-            f"{prefix}{where} is stored pickled (it is not plain data: a custom class, for example), and "
-            "unpickling it can run code from the file; "
-            + (hint or "load it only from a file you trust: one signed with your key, or say you trust it "
-                       "with the argument of the call that allows unpickling"))
-        self.where = where
-        self.source = source
 
 
 class RestoreError(SnapshotError):

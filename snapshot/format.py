@@ -1,33 +1,32 @@
-"""The snapshot file format, version 1: container, manifest, checksums, signing.
+"""The snapshot file format, versions 2 and 1: container, manifest, checksums, signing.
 
-A snapshot file is::
+A snapshot file (format 2) is::
 
     offset  size  field
     0       13    magic  b"\\x89snapshot\\r\\n\\x1a\\n"  (catches text-mode and truncated copies)
-    13      2     container version, little-endian (1)
+    13      2     container version, little-endian (2)
     15      2     flags (bit 0: signed)
     17      4     manifest length M
     21      8     payload length P
     29      32    sha256 of the manifest bytes
     61      32    sha256 of the payload bytes
-    93      M     manifest: UTF-8 JSON object, readable without unpickling anything
-    93+M    P     payload: pickled objects (the graph, node states, buffered items)
-    93+M+P  32    HMAC-SHA256 of bytes [0, 93) under the user's key, only when signed
+    93      P     payload: the state as data (see :mod:`snapshot._payload`), then any pickled section
+    93+P    M     manifest: UTF-8 JSON object, readable without decoding the payload
+    93+P+M  32    HMAC-SHA256 of bytes [0, 93) under the user's key, only when signed
 
-The header carries both digests, so the HMAC over the header authenticates the whole file.
-Readers check, in order: magic, container version, sizes against the real file size,
+The manifest comes after the payload so that a save can write the payload as it encodes it and
+the manifest once it knows the payload's sizes and digest; the header, written last, says where
+the manifest is (a save writes a temporary file and renames it, so a reader never sees a header
+without its body). Format 1 (still read) has the manifest before the payload, and its payload is
+one pickle. The header carries both digests, so the HMAC over the header authenticates the whole
+file. Readers check, in order: magic, container version, sizes against the real file size,
 manifest digest, manifest JSON, manifest format version, the signature (with a key), every
 field of the manifest against :mod:`snapshot.schema` (a ``ManifestError`` names the field),
-then (only when the payload is needed) the payload digest, and only then unpickle.
+then (only when the payload is needed) the payload digest, and only then decode it.
 
-A snapshot can also travel as a plain dict (``DataLoader2.state_dict()``)::
-
-    {"snapshot_format": 1, "manifest": "<the manifest as JSON text>", "payload": b"..."}
-
-whose payload digest is the one recorded in the manifest's ``payload.sha256``. A distributed
-snapshot is a directory (``manifest.snap`` plus one file per rank), or the same three keys
-with the ranks' files joined in the payload: see :mod:`snapshot.multipart`. Files are
-written atomically by :mod:`snapshot._atomic`.
+A snapshot can also travel as a plain dict (``DataLoader2.state_dict()``, :mod:`snapshot._dict_form`),
+or as a directory of one file per rank (:mod:`snapshot.multipart`). Files are written atomically by
+:mod:`snapshot._atomic`.
 
 Reading bytes from a path, a URL or a directory is :mod:`snapshot._sources`. This module knows
 nothing of graphs, loaders, storage or pickling.
@@ -62,14 +61,14 @@ __all__ = [
     "Container",
     "PathOrFile",
     "dumps_manifest",
-    "from_state_dict",
     "pack",
     "pack_parts",
     "payload_record",
+    "payload_region",
     "read_head",
     "resolve_key",
-    "to_state_dict",
     "unpack",
+    "Writer",
 ]
 
 PathOrFile = Union[str, "os.PathLike[str]", IO[bytes]]
@@ -116,19 +115,67 @@ def pack(manifest: Mapping[str, Any], payload: bytes, *, key: bytes | str | None
     return b"".join(pack_parts(manifest, payload, key=key))
 
 
-def pack_parts(manifest: Mapping[str, Any], payload: bytes, *, key: bytes | str | None = None) -> list[bytes]:
-    """:func:`pack`'s pieces, in file order, for writing without joining them (no copy of the payload)."""
-    manifest_bytes = json.dumps(manifest, sort_keys=False, separators=(",", ":")).encode()
-    secret = resolve_key(key)
+def _manifest_bytes(manifest: Mapping[str, Any]) -> bytes:
+    return json.dumps(manifest, sort_keys=False, separators=(",", ":")).encode()
+
+
+def _header(version: int, secret: bytes | None, manifest_bytes: bytes, size: int, digest: bytes) -> bytes:
     flags = _FLAG_SIGNED if secret is not None else 0
-    header = MAGIC + _HEADER.pack(
-        FORMAT_VERSION, flags, len(manifest_bytes), len(payload),
-        _sha256(manifest_bytes), _sha256(payload),
-    )
-    parts = [header, manifest_bytes, payload]
+    return MAGIC + _HEADER.pack(version, flags, len(manifest_bytes), size, _sha256(manifest_bytes), digest)
+
+
+def pack_parts(manifest: Mapping[str, Any], payload: bytes, *, key: bytes | str | None = None) -> list[bytes]:
+    """:func:`pack`'s pieces, in file order, for writing without joining them (no copy of the payload).
+
+    The container's version is the manifest's ``format`` (a format-1 manifest keeps its layout)."""
+    manifest_bytes = _manifest_bytes(manifest)
+    secret = resolve_key(key)
+    version = 1 if manifest.get(FORMAT) == 1 else FORMAT_VERSION  # a format-1 manifest keeps its layout
+    header = _header(version, secret, manifest_bytes, len(payload), _sha256(payload))
+    parts = [header, manifest_bytes, payload] if version == 1 else [header, payload, manifest_bytes]
     if secret is not None:
         parts.append(hmac.new(secret, header, hashlib.sha256).digest())
     return parts
+
+
+class Writer:
+    """Writes a format-2 container into a seekable binary file as its payload is produced: ``write``
+    takes it piece by piece (any buffer) and hashes it; :meth:`finish` appends the manifest (which may
+    record :attr:`size` and :attr:`sha256`) and the signature, then writes the header at the start."""
+
+    def __init__(self, f: IO[bytes], *, key: bytes | str | None = None, progress: Any = None):
+        self._f = f
+        self._progress = progress
+        self._start = f.tell()
+        self._secret = resolve_key(key)
+        self._hash = hashlib.sha256()
+        self.size = 0
+        f.write(bytes(_PREFIX))
+
+    def write(self, data: Any) -> None:
+        self._f.write(data)
+        self._hash.update(data)
+        size = memoryview(data).nbytes
+        self.size += size
+        if self._progress is not None:
+            self._progress(size)
+
+    @property
+    def sha256(self) -> str:
+        return self._hash.hexdigest()
+
+    def finish(self, manifest: Mapping[str, Any]) -> int:
+        """Write the manifest, the signature and the header; the container's size in bytes."""
+        manifest_bytes = _manifest_bytes(manifest)
+        header = _header(FORMAT_VERSION, self._secret, manifest_bytes, self.size, self._hash.digest())
+        self._f.write(manifest_bytes)
+        if self._secret is not None:
+            self._f.write(hmac.new(self._secret, header, hashlib.sha256).digest())
+        end = self._f.tell()
+        self._f.seek(self._start)
+        self._f.write(header)
+        self._f.seek(end)
+        return end - self._start
 
 
 @dataclass(frozen=True)
@@ -156,7 +203,7 @@ def _describe_foreign(head: bytes) -> str:
     return f"a file starting with {head[:8]!r}"
 
 
-def _check_header(head: bytes, total: int, source: str) -> tuple[int, int, int, bytes, bytes]:
+def _check_header(head: bytes, total: int, source: str) -> tuple[int, int, int, int, bytes, bytes]:
     if total == 0:
         raise EmptySnapshotError(
             "the file is empty (0 bytes): the copy or the save that made it did not finish. "
@@ -205,7 +252,14 @@ def _check_header(head: bytes, total: int, source: str) -> tuple[int, int, int, 
             f"{expected}; it was altered or two files were concatenated",
             source=source, offset=expected,
         )
-    return flags, mlen, plen, mdigest, pdigest
+    return version, flags, mlen, plen, mdigest, pdigest
+
+
+def _offsets(version: int, mlen: int, plen: int) -> tuple[int, int]:
+    """Where the manifest and the payload start in a container of ``version``."""
+    if version == 1:
+        return _PREFIX, _PREFIX + mlen
+    return _PREFIX + plen, _PREFIX
 
 
 def _parse_json(data: bytes, source: str) -> dict[str, Any]:
@@ -258,12 +312,13 @@ def unpack(
     With ``key`` (or ``$SNAPSHOT_KEY``) the file must carry a valid signature; without one,
     a signed file is still accepted (its checksums are verified).
     """
-    flags, mlen, plen, mdigest, pdigest = _check_header(data[:_PREFIX], len(data), source)
-    manifest_bytes = data[_PREFIX:_PREFIX + mlen]
+    version, flags, mlen, plen, mdigest, pdigest = _check_header(data[:_PREFIX], len(data), source)
+    moffset, poffset = _offsets(version, mlen, plen)
+    manifest_bytes = data[moffset:moffset + mlen]
     if not hmac.compare_digest(_sha256(manifest_bytes), mdigest):
         raise CorruptSnapshotError(
             "the manifest checksum does not match: the file was altered or damaged on disk",
-            source=source, offset=_PREFIX,
+            source=source, offset=moffset,
         )
     manifest = _parse_json(manifest_bytes, source)
     signed = bool(flags & _FLAG_SIGNED)
@@ -284,105 +339,53 @@ def unpack(
                 source=source, offset=_PREFIX + mlen + plen,
             )
     info = _validate(manifest, source)  # after the signature: with a key, a forgery is named as one
+    _check_version(manifest, version, source)
     payload = None
     if with_payload:
-        payload = data[_PREFIX + mlen:_PREFIX + mlen + plen]
+        payload = data[poffset:poffset + plen]
         if not hmac.compare_digest(_sha256(payload), pdigest):
             # a digest of the whole payload cannot say which byte changed: name the range it covers
             raise CorruptSnapshotError(
-                f"the payload checksum does not match: some byte in the payload (bytes {_PREFIX + mlen:,} to "
-                f"{_PREFIX + mlen + plen - 1:,} of the file) was altered or damaged on disk; nothing was "
-                "unpickled. Use an earlier snapshot.",
+                f"the payload checksum does not match: some byte in the payload (bytes {poffset:,} to "
+                f"{poffset + plen - 1:,} of the file) was altered or damaged on disk; nothing was "
+                "decoded. Use an earlier snapshot.",
                 source=source,
             )
     return Container(manifest, payload, signed, len(data), info)
 
 
+def payload_region(data: bytes) -> memoryview:
+    """The payload's bytes in a container already checked by :func:`unpack` (a view: no copy)."""
+    version, _, mlen, plen, _, _ = _check_header(data[:_PREFIX], len(data), "<container>")
+    _, poffset = _offsets(version, mlen, plen)
+    return memoryview(data)[poffset:poffset + plen]
+
+
 def read_head(f: IO[bytes], total: int, source: str) -> dict[str, Any]:
     """The verified manifest of the container that ``f`` (at its start, ``total`` bytes long)
     holds, reading only the header and the manifest: the payload is never read."""
+    start = f.tell()
     head = f.read(_PREFIX)
-    _, mlen, _, mdigest, _ = _check_header(head, total, source)
+    version, _, mlen, plen, mdigest, _ = _check_header(head, total, source)
+    moffset, _ = _offsets(version, mlen, plen)
+    f.seek(start + moffset)
     manifest_bytes = f.read(mlen)
     if not hmac.compare_digest(_sha256(manifest_bytes), mdigest):
         raise CorruptSnapshotError(
             "the manifest checksum does not match: the file was altered or damaged",
-            source=source, offset=_PREFIX,
+            source=source, offset=moffset,
         )
     manifest, _ = _parse_manifest(manifest_bytes, source)
+    _check_version(manifest, version, source)
     return manifest
 
 
-def _state_dict_mac(secret: bytes, manifest: Mapping[str, Any]) -> str:
-    """HMAC of a state dict's manifest (canonical JSON; it records the payload's digest)."""
-    canonical = json.dumps({k: v for k, v in manifest.items() if k != SIGNATURE}, sort_keys=True,
-                           separators=(",", ":"))
-    return hmac.new(secret, canonical.encode(), hashlib.sha256).hexdigest()
-
-
-def to_state_dict(manifest: Mapping[str, Any], payload: bytes, *, key: bytes | str | None = None) -> dict[str, Any]:
-    """The plain-dict form of a snapshot (survives ``torch.save``/``torch.load``).
-
-    Always the same three keys, whatever the graph, position or number of ranks: frameworks
-    that flatten nested dicts into keys (``torch.distributed.checkpoint``) need a loader's
-    state to have the same keys when saved and when loaded. The manifest is JSON text. With a
-    key (or ``$SNAPSHOT_KEY``) the manifest carries an HMAC of itself, which covers the
-    payload through the digest it records.
-    """
-    manifest = dict(manifest)
-    secret = resolve_key(key)
-    if secret is not None:
-        manifest[SIGNATURE] = _state_dict_mac(secret, manifest)
-    return {STATE_DICT_MARKER: FORMAT_VERSION, "manifest": json.dumps(manifest), "payload": payload}
-
-
-def from_state_dict(state: Any, *, source: str = "<state_dict>", key: bytes | str | None = None) -> Container:
-    """Verify a dict made by :func:`to_state_dict` (the payload digest is in the manifest).
-
-    With a key (or ``$SNAPSHOT_KEY``) an unsigned or altered state dict is refused before
-    anything is unpickled.
-    """
-    if not isinstance(state, Mapping) or STATE_DICT_MARKER not in state:
-        keys = sorted(map(str, state.keys()))[:6] if isinstance(state, Mapping) else None
-        hint = ""
-        if isinstance(state, Mapping) and "serialized_datapipe" in state:
-            hint = (" It looks like a torchdata 0.9 DataLoader2 state dict; those only restart "
-                    "the epoch and cannot be converted. Save a new one with snapshot.DataLoader2.")
-        raise ForeignFileError(
-            f"this is not a snapshot state dict (keys: {keys}).{hint}", source=source,
-        )
-    schema.check_format(state[STATE_DICT_MARKER], source)
-    manifest_text = state.get("manifest")
-    payload = state.get("payload")
-    if not isinstance(manifest_text, str) or not isinstance(payload, (bytes, bytearray)):
+def _check_version(manifest: Mapping[str, Any], version: int, source: str) -> None:
+    """The container's version and its manifest's ``format`` must agree (a spliced file does not)."""
+    if manifest[FORMAT] != version:
         raise CorruptSnapshotError(
-            "the state dict lacks its 'manifest' JSON text or its 'payload' bytes", source=source,
-        )
-    try:
-        manifest_bytes = manifest_text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise CorruptSnapshotError("the state dict's manifest is not valid text", source=source) from exc
-    manifest = _parse_json(manifest_bytes, source)
-    secret = resolve_key(key)
-    signed = isinstance(manifest.get(SIGNATURE), str)
-    if secret is not None:
-        if not signed:
-            raise SignatureError(
-                "a signing key was given but the state dict is not signed; refusing to unpickle it. Save "
-                "it with $SNAPSHOT_KEY set (or key=...), or load it without a key if you trust its origin.",
-                source=source)
-        if not hmac.compare_digest(manifest[SIGNATURE].encode(), _state_dict_mac(secret, manifest).encode()):
-            raise SignatureError(
-                "the signature does not match this key: the state dict was signed with another key or "
-                "altered after signing. Do not restore it.", source=source)
-    info = _validate(manifest, source)
-    recorded = info.payload.sha256 if info.payload is not None else None
-    if recorded != hashlib.sha256(payload).hexdigest():
-        raise CorruptSnapshotError(
-            "the payload checksum does not match the manifest: the state dict was altered; "
-            "nothing was unpickled", source=source,
-        )
-    return Container(manifest, bytes(payload), signed, len(payload), info)
+            f"the container is format {version} but its manifest says format {manifest[FORMAT]}: the file was "
+            "altered or assembled from two files", source=source, offset=len(MAGIC))
 
 
 def payload_record(payload: bytes) -> dict[str, Any]:

@@ -33,7 +33,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from snapshot import _sources, format, schema
+from snapshot import _dict_form, _sources, format, schema
 from snapshot.errors import CorruptSnapshotError, SnapshotFileError, TruncatedSnapshotError
 
 __all__ = ["MANIFEST", "check_part", "commit", "distributed_manifest", "is_directory_snapshot", "join_parts",
@@ -151,9 +151,7 @@ def stamp(part: bytes, save: str, *, key: bytes | str | None = None) -> list[byt
     """``part`` (a rank's snapshot file) with ``save``, the id of the save that writes it, in its manifest:
     the file's pieces (:func:`snapshot.format.pack_parts`), signed again like the original."""
     container = format.unpack(part, source="<part>", with_payload=False)
-    assert container.info.payload is not None, "a rank's part records its payload"
-    end = len(part) - (hashlib.sha256().digest_size if container.signed else 0)  # the HMAC after the payload
-    payload = memoryview(part)[end - container.info.payload.size:end]
+    payload = format.payload_region(part)
     return format.pack_parts({**container.manifest, "save": save}, payload, key=key)  # type: ignore[arg-type]
 
 
@@ -230,4 +228,4 @@ def parts_state_dict(infos: Sequence[Mapping[str, Any]], parts: list[bytes], *,
     manifest = distributed_manifest(infos)
     payload = join_parts(parts)
     manifest[format.PAYLOAD] = format.payload_record(payload)
-    return format.to_state_dict(manifest, payload, key=key)
+    return _dict_form.to_state_dict(manifest, payload, key=key)

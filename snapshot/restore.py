@@ -18,16 +18,18 @@ __all__ = ["CodeChanges", "Plan", "RestoreStrategy", "check_graph", "check_resto
 
 
 def restore(loader: Any, src: Any, *, strategy: RestoreStrategy | str = "auto",
-            key: bytes | str | None = None) -> Snapshot:
+            key: bytes | str | None = None, allow_pickle: bool = False) -> Snapshot:
     """Put ``loader`` (a :class:`~snapshot.DataLoader2`) at the position saved in ``src``.
 
     ``src`` is a path, a binary file, bytes, a :class:`Snapshot` or a state dict. Returns the
-    snapshot that was applied.
+    snapshot that was applied. The state is decoded as data: a snapshot that needs unpickling
+    (format 1, or values that are not data) is refused unless it is signed with ``key`` or
+    ``allow_pickle=True`` (see :func:`snapshot.load`).
     """
     if not callable(getattr(loader, "_restore", None)):
         raise TypeError(f"snapshot.restore() puts a snapshot.DataLoader2 at a saved position; got a "
                         f"{type(loader).__name__} as the loader")
     strategy = RestoreStrategy.parse(strategy)
-    snap = src if isinstance(src, Snapshot) else load(src, key=key)
+    snap = src if isinstance(src, Snapshot) else load(src, key=key, allow_pickle=allow_pickle)
     loader._restore(snap, strategy)
     return snap

@@ -151,7 +151,8 @@ def _continue(factory: Callable[[], Any], service: Callable[[], Any] | None, dat
     loader: Any
     with DataLoader2(factory(), reading_service=service() if service else None,
                      buffer_state=buffer_state) as loader:
-        loader.restore_snapshot(io.BytesIO(data), strategy=strategy)
+        # this process just saved ``data``: its pickled values (samples that are not data) are trusted
+        loader.restore_snapshot(io.BytesIO(data), strategy=strategy, allow_pickle=True)
         if second_cut is not None:
             it = iter(loader)
             for _ in range(second_cut):
@@ -363,7 +364,7 @@ def assert_hook_roundtrip(
                     f"{index}: expected {_show(want, index)}, got {_show(got, index)}")
     fresh: Any
     for cut, data in saved:
-        snap = load(io.BytesIO(data))
+        snap = load(io.BytesIO(data), allow_pickle=True)  # saved by this process just now
         with DataLoader2(factory(), reading_service=None) as fresh:
             fresh.restore_snapshot(snap, strategy="state")
             streams = [list(fresh) for _ in range(epochs - cut.epoch - (1 if cut.finished else 0))]

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import snapshot
-from snapshot import _atomic, multipart
+from snapshot import _atomic, _dict_form, multipart
 from snapshot import format as fmt
 from snapshot.cli import main as cli
 from tests import graphs
@@ -138,7 +138,7 @@ def test_a_state_dict_whose_index_and_payload_disagree_is_refused() -> None:
     payload = multipart.join_parts([SNAP.to_bytes()])
     index["payload"] = fmt.payload_record(payload)
     with pytest.raises(snapshot.CorruptSnapshotError, match="lists 2 parts but its payload holds 1"):
-        snapshot.load(fmt.to_state_dict(index, payload))
+        snapshot.load(_dict_form.to_state_dict(index, payload))
 
 
 # -- arguments --------------------------------------------------------------------------------

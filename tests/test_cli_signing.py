@@ -57,7 +57,7 @@ def evil_payload(marker: Path) -> bytes:
 def forge_unsigned(data: bytes, payload: bytes) -> bytes:
     """Another payload, with digests and the manifest's record made to match: passes every checksum."""
     manifest = dict(fmt.unpack(data).manifest)
-    manifest["payload"] = {**manifest["payload"], **fmt.payload_record(payload)}
+    manifest["payload"] = {**manifest["payload"], **fmt.payload_record(payload), "data": len(payload), "pickled": []}
     return fmt.pack(manifest, payload)
 
 
@@ -136,15 +136,27 @@ def test_a_tampered_signed_file_is_refused_before_unpickling(tmp_path, way: str)
     assert not marker.exists()
 
 
-def test_without_a_key_a_forged_file_runs_code(tmp_path) -> None:
-    """The threat the key exists for: checksums catch damage, not a forger."""
+def test_without_a_key_a_forged_payload_runs_no_code(tmp_path) -> None:
+    """Checksums catch damage, not a forger; but the state decodes as data, so a pickle put in its
+    place is refused as corrupt, and one claiming format 1 is refused for want of trust."""
     marker = tmp_path / "code-ran"
     path = tmp_path / "forged.snap"
     path.write_bytes(forge_unsigned(saved_loader().save_snapshot().to_bytes(), evil_payload(marker)))
     assert snapshot.read_manifest(path)["loader"]["yielded"] == 4  # inspecting is safe
+    with pytest.raises(snapshot.CorruptSnapshotError):
+        snapshot.load(path)  # no key: the checksums pass, and the data decoder refuses a pickle
     assert not marker.exists()
-    with pytest.raises(snapshot.ManifestError, match="state: expected an object"):
-        snapshot.load(path)  # no key: the checksums pass, and the payload is unpickled (then refused)
+    manifest = dict(fmt.unpack(path.read_bytes(), with_payload=False).manifest, format=1)
+    payload = evil_payload(marker)
+    manifest["payload"] = fmt.payload_record(payload)
+    old = tmp_path / "format1.snap"
+    old.write_bytes(fmt.pack(manifest, payload))
+    for way in ("load", "restore_snapshot", "restore"):
+        with pytest.raises(snapshot.UntrustedStateError, match="format 1"):
+            WAYS[way](old, None)
+        assert not marker.exists(), way
+    with pytest.raises(snapshot.SnapshotError):
+        snapshot.load(old, allow_pickle=True)  # the threat trust lets in: the pickle runs (then is refused)
     assert marker.exists()
 
 

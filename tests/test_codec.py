@@ -220,7 +220,7 @@ def _not_data() -> list[Any]:
         warnings.simplefilter("ignore")  # quantized tensors are deprecated; still a tensor a state may hold
         quantized = torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.quint8)
     return [
-        Custom(), Record(1), Pair(1, 2), collections.OrderedDict(a=1), collections.defaultdict(list), Color.RED,
+        Custom(), Record(1), Pair(1, 2), collections.OrderedDict(a=1), collections.defaultdict(lambda: 0), Color.RED,
         _not_data, lambda: 0, len, torch.Generator(), torch.nn.Parameter(torch.ones(2)), Name("x"),
         torch.ones(2).to_sparse(), quantized,
         torch.empty(2, device="meta"), tensor_with_attribute, looped, np.array([1, None], dtype=object),
@@ -507,3 +507,42 @@ def benchmark(total_mib: int = 100) -> None:
         end = time.perf_counter()
         print(f"{name:6}: encode {total_mib / (middle - start):7.0f} MiB/s, "
               f"decode {total_mib / (end - middle):7.0f} MiB/s")
+
+
+def test_torch_data_chunks_and_plain_defaultdicts_are_data() -> None:
+    """``batch()`` yields ``DataChunk``s, which buffers and samples in flight hold: they must not need trust."""
+    import collections
+
+    from torch.utils.data.datapipes.datapipe import DataChunk
+
+    value = {"batch": DataChunk([1, DataChunk([b"x"])]), "groups": collections.defaultdict(list, {1: [2]}),
+             "counts": collections.defaultdict(int)}
+    data, pickled = encode(value)
+    assert pickled == []
+    back = decode(data)
+    assert type(back["batch"]) is DataChunk and type(back["batch"][1]) is DataChunk
+    assert back["batch"] == [1, [b"x"]] and back["batch"].items == [1, [b"x"]]
+    assert type(back["groups"]) is collections.defaultdict and back["groups"].default_factory is list
+    assert back["groups"] == {1: [2]} and back["counts"]["new"] == 0
+    chunk = DataChunk([1, 2])
+    chunk.items.append(3)  # its copy no longer matches: not something the decoder could rebuild
+    odd = collections.defaultdict(lambda: 0)
+    _, pickled = encode({"chunk": chunk, "odd": odd})
+    assert [where for where, _ in pickled] == ["state.chunk", "state.odd"]
+    with pytest.raises(CorruptSnapshotError, match="factory"):
+        decode(b"E" + bytes([200]) + b"D" + bytes([0]))
+
+
+def test_a_long_str_repeated_is_written_once_and_read_back_equal() -> None:
+    """A file path in every buffered sample's address: written once, then referred to."""
+    path = "/data/shards/train-000017.tar"
+    value = [{"file": path, "member": i, "key": "short"} for i in range(200)]
+    data, pickled = encode(value)
+    assert pickled == [] and data.count(path.encode()) == 1
+    assert decode(data) == value
+    where = "where-strings-are-not-shared-" * 2
+    data, pickled = encode({"a": Custom(), where: where, "b": where})
+    back = decode(data, pickled=lambda index, at: "P")
+    assert back == {"a": "P", where: where, "b": where}
+    with pytest.raises(CorruptSnapshotError, match="reference to str number 0, of 0"):
+        decode(b"r" + bytes([0]))

@@ -134,8 +134,10 @@ def test_every_truncation_is_a_snapshot_error() -> None:
 
 def test_corrupted_manifest_and_payload_are_detected() -> None:
     data = bytearray(file_bytes())
-    manifest_len = struct.unpack_from("<I", data, len(fmt.MAGIC) + 4)[0]
-    places = ((94 + 5, "manifest"), (94 + manifest_len + 5, "payload"), (len(data) - 1, "payload"))
+    payload_len = struct.unpack_from("<IQ", data, len(fmt.MAGIC) + 4)[1]
+    # format 2: the header (93 bytes), the payload, then the manifest
+    places = ((94 + 5, "payload"), (94 + payload_len - 2, "payload"), (94 + payload_len + 5, "manifest"),
+              (len(data) - 1, "manifest"))
     for offset, what in places:
         broken = bytearray(data)
         broken[offset] ^= 0xFF
@@ -190,8 +192,9 @@ def test_a_torch_checkpoint_is_recognised(tmp_path) -> None:
 
 def test_newer_container_version_is_version_skew() -> None:
     data = bytearray(file_bytes())
-    struct.pack_into("<H", data, len(fmt.MAGIC), 2)
-    with pytest.raises(snapshot.VersionSkewError, match=r"format 2.*reads format 1.*pip install -U datapipe-snapshot"):
+    struct.pack_into("<H", data, len(fmt.MAGIC), 3)
+    with pytest.raises(snapshot.VersionSkewError,
+                       match=r"format 3.*reads formats 1 to 2.*pip install -U datapipe-snapshot"):
         snapshot.load(bytes(data))
 
 
@@ -278,9 +281,9 @@ def test_a_corrupted_payload_is_placed_in_the_payload_not_at_its_start() -> None
     """A digest of the whole payload cannot say which byte changed: the message gives the payload's range."""
     data = bytearray(file_bytes())
     _, payload_len = struct.unpack_from("<IQ", data, len(fmt.MAGIC) + 4)
-    data[-1] ^= 0xFF
+    start, end = 93, 93 + payload_len - 1  # format 2: the payload follows the header
+    data[end] ^= 0xFF
     with pytest.raises(snapshot.CorruptSnapshotError) as caught:
         snapshot.load(bytes(data))
-    start, end = len(data) - payload_len, len(data) - 1  # unsigned: the payload ends the file
     assert f"some byte in the payload (bytes {start:,} to {end:,} of the file)" in str(caught.value)
     assert "at byte" not in str(caught.value) and caught.value.offset is None

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import snapshot
-from snapshot import _sources, multipart
+from snapshot import _dict_form, _sources, multipart
 from snapshot import format as fmt
 from tests import graphs
 
@@ -204,9 +204,10 @@ def test_mutated_files(changes: list[tuple[str, int, int]], key: str | None, sig
 
 
 def parts(data: bytes) -> tuple[bytes, bytes]:
+    """The manifest and the payload of a format-2 file (the payload first, after the header)."""
     mlen, plen = struct.unpack_from("<IQ", data, MLEN_AT)
     start = len(fmt.MAGIC) + struct.calcsize("<HHIQ32s32s")
-    return data[start:start + mlen], data[start + mlen:start + mlen + plen]
+    return data[start + plen:start + plen + mlen], data[start:start + plen]
 
 
 MANIFEST, PAYLOAD = parts(VALID)
@@ -271,7 +272,7 @@ manifest_texts = st.one_of(manifests.map(json.dumps), st.text(max_size=60), st.j
        marker=st.one_of(st.just(1), json_values))
 def test_state_dicts(manifest: Any, payload: Any, marker: Any) -> None:
     state = {"snapshot_format": marker, "manifest": manifest, "payload": payload}
-    result = bounded(b"x" * 4096, lambda: fmt.from_state_dict(state))
+    result = bounded(b"x" * 4096, lambda: _dict_form.from_state_dict(state))
     if isinstance(result, fmt.Container):
         assert result.manifest["format"] == fmt.FORMAT_VERSION
 

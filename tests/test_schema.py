@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import snapshot
-from snapshot import _serialization, _sources, schema
+from snapshot import _dict_form, _payload, _sources, schema
 from snapshot import format as fmt
 from snapshot.cli import _diff, _dot, _inspect, _view
 from tests import graphs
@@ -105,7 +105,7 @@ def _edited(edit: Any) -> dict[str, Any]:
 def test_a_wrong_field_is_named_with_what_was_expected(edit: Any, message: str) -> None:
     data = fmt.pack(_edited(edit), PAYLOAD)
     for read in (lambda: _sources.read_manifest(io.BytesIO(data)), lambda: snapshot.load(data),
-                 lambda: snapshot.load(fmt.to_state_dict(_edited(edit), PAYLOAD))):
+                 lambda: snapshot.load(_dict_form.to_state_dict(_edited(edit), PAYLOAD))):
         with pytest.raises(snapshot.ManifestError) as info:
             read()
         assert message in str(info.value)
@@ -113,14 +113,14 @@ def test_a_wrong_field_is_named_with_what_was_expected(edit: Any, message: str) 
 
 
 @pytest.mark.parametrize(("version", "message"), [
-    (2, "written in snapshot format 2, which a newer release of snapshot reads; this installation "
-        f"(snapshot {snapshot.__version__}) reads format 1 only. Upgrade"),
+    (3, "written in snapshot format 3, which a newer release of snapshot reads; this installation "
+        f"(snapshot {snapshot.__version__}) reads formats 1 to 2. Upgrade"),
     (0, "written in snapshot format 0, which no release of snapshot reads"),
 ])
 def test_an_unknown_format_version_names_it_and_what_reads_it(version: int, message: str) -> None:
     manifest = _edited(lambda m: m.update(format=version))
     for read in (lambda: _sources.read_manifest(io.BytesIO(fmt.pack(manifest, PAYLOAD))),
-                 lambda: snapshot.load({**fmt.to_state_dict(manifest, PAYLOAD), "snapshot_format": version})):
+                 lambda: snapshot.load({**_dict_form.to_state_dict(manifest, PAYLOAD), "snapshot_format": version})):
         with pytest.raises(snapshot.VersionSkewError, match=message.replace("(", r"\(").replace(")", r"\)")):
             read()
 
@@ -182,7 +182,7 @@ def read_everything(manifest: dict[str, Any]) -> None:
         info = _sources.read_manifest(io.BytesIO(data))
     except snapshot.SnapshotError:
         info = None
-    for read in (lambda: snapshot.load(data), lambda: snapshot.load(fmt.to_state_dict(manifest, PAYLOAD))):
+    for read in (lambda: snapshot.load(data), lambda: snapshot.load(_dict_form.to_state_dict(manifest, PAYLOAD))):
         try:
             read()
         except snapshot.SnapshotError:
@@ -224,12 +224,20 @@ def _edit_state(state: dict[str, Any], path: list[Any], value: Any) -> None:
 
 def _with_state(place: list[Any], value: Any) -> bytes:
     """The file with its payload's state edited at ``place`` (checksums and the payload's record redone)."""
-    body = _serialization.loads(PAYLOAD, what="test")
+    body = _body()
     _edit_state(body["state"], place, value)
-    payload = _serialization.dumps(body, what="test")
+    out = io.BytesIO()
+    sections = _payload.write(body, out.write)
+    payload = out.getvalue()
     manifest = copy.deepcopy(MANIFEST)
-    manifest["payload"] = {**fmt.payload_record(payload), "parts": manifest["payload"]["parts"]}
+    manifest["payload"] = {**fmt.payload_record(payload), "parts": manifest["payload"]["parts"], **sections}
     return fmt.pack(manifest, payload)
+
+
+def _body() -> dict[str, Any]:
+    """The payload's body, decoded afresh (a test edits it)."""
+    assert CONTAINER.info.payload is not None
+    return _payload.read(PAYLOAD, CONTAINER.info.payload, trusted=False, source="test")
 
 
 _DELETE = object()
@@ -239,7 +247,7 @@ STATE_PLACES = [["epoch"], ["yielded"], ["epoch_finished"], ["seed"], ["seed_giv
 #: What a reader takes for a field that is left out.
 STATE_DEFAULTS = {("seed",): None, ("seed_given",): False, ("pending_seed",): None, ("generator",): None,
                   ("lookahead",): [], ("service", "upstream"): []}
-STATE: dict[str, Any] = _serialization.loads(PAYLOAD, what="test")["state"]
+STATE: dict[str, Any] = _body()["state"]
 
 
 def _saved_at(place: list[Any]) -> Any:

@@ -23,7 +23,7 @@ import pytest
 from torch.utils.data.datapipes.iter import IterableWrapper, Mapper, ShardingFilter, Shuffler
 
 import snapshot
-from snapshot import _sources, multipart, schema
+from snapshot import _dict_form, _sources, multipart, schema
 from snapshot import format as fmt
 from snapshot.cli import main
 from tests import graphs
@@ -184,7 +184,7 @@ def test_a_forged_file_is_refused_by_verify_and_load_naming_the_field(
     assert code == 1, report
     assert [c["check"] for c in report["checks"] if c["status"] == "FAIL"] == ["manifest"]
     assert message in failures(report)
-    for load in (lambda: snapshot.load(path), lambda: snapshot.load(fmt.to_state_dict(manifest, payload))):
+    for load in (lambda: snapshot.load(path), lambda: snapshot.load(_dict_form.to_state_dict(manifest, payload))):
         with pytest.raises(snapshot.ManifestError) as info:
             load()
         assert message in str(info.value)

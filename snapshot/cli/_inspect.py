@@ -191,6 +191,23 @@ def _sizes(view: View) -> list[str]:
     return lines + table(["part", "bytes", ""], rows, right=[1])
 
 
+def _trust(view: View) -> list[str]:
+    """Which sections decode as data and which need trust (the graph's pickle runs only in from_snapshot)."""
+    graph = (" The graph and the reading service are pickles that only from_snapshot unpickles."
+             if view.graph_included else "")
+    if view.payload_encoding is None:
+        return ["Trust: each rank's part records its own sections (inspect a part file)."] if view.part_files else []
+    if view.payload_encoding == "pickle":
+        return ["Trust: format 1, the state is one pickle: restoring it runs code from the file and needs trust "
+                "(a key it is signed with, or allow_pickle=True). Save it again to get format 2."]
+    if not view.pickled:
+        return [f"Trust: the state is data; restoring onto a graph built in code runs nothing from the file.{graph}"]
+    rows = [[value.at, value.type, count(value.size)] for value in view.pickled]
+    return [f"Trust: {len(view.pickled)} value(s) of the state are not data and were saved pickled; restoring them "
+            f"needs trust (a key the file is signed with, or allow_pickle=True).{graph}",
+            *table(["where", "type", "bytes"], rows, right=[2])]
+
+
 def render(view: View, *, full_paths: bool = False) -> str:
     versions = ", ".join(f"{k} {v}" for k, v in view.versions.items()) or "unknown"
     graph = (f"Graph: {len(view.nodes)} nodes, fingerprint {view.fingerprint or '-'}, "
@@ -218,6 +235,7 @@ def render(view: View, *, full_paths: bool = False) -> str:
         _verification(view),
         "",
         *_sizes(view),
+        *_trust(view),
         "",
         "Only the manifest was read. `snapshot verify FILE` checks the payload and the signature.",
     ]

@@ -89,6 +89,9 @@ class View:
     payload_size: int | None
     payload_sha256: str | None
     payload_parts: dict[str, int]
+    #: ``data`` (format 2) or ``pickle`` (format 1), and the values saved pickled (restoring them needs trust).
+    payload_encoding: str | None
+    pickled: tuple[schema.PickledValue, ...]
     file_size: int | None
     #: A distributed snapshot: each rank's position, and the file that holds its part.
     ranks: tuple[dict[str, Any], ...] = ()
@@ -171,6 +174,8 @@ def read_view(manifest: Mapping[str, Any] | schema.Manifest, source: str) -> Vie
         payload_size=None if payload is None else payload.size,
         payload_sha256=None if payload is None else payload.sha256,
         payload_parts={} if payload is None else payload.parts,
+        payload_encoding=None if payload is None or info.is_index else payload.encoding,
+        pickled=() if payload is None else payload.pickled,
         file_size=file_size if isinstance(file_size, int) and not isinstance(file_size, bool) else None,
         ranks=tuple(rank.to_dict() for rank in info.ranks),
         part_files=info.parts,

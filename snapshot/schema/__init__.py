@@ -27,7 +27,8 @@ round-trips.
     │   ├── routers: {path: RouterPosition}
     │   └── nodes: {path: NodePosition}
     ├── verify: VerifyRecord | None   fingerprints of the samples after the snapshot
-    ├── payload: PayloadRecord | None size, sha256, size of each part
+    ├── payload: PayloadRecord | None size, sha256, size of each part; format 2: encoding, sections
+    │   └── pickled: [PickledValue]   values that are not data: where, type, size (restoring needs trust)
     ├── ranks: [RankPosition]         directory index only: each rank's LoaderPosition
     └── parts: [PartRecord]           directory index only: each rank's file, size, sha256
 
@@ -49,7 +50,7 @@ The package imports neither torch nor dill: the command line uses it to inspect 
 
 from snapshot.schema._fields import FORMAT_VERSION, check_format
 from snapshot.schema.layout import GraphDesc, LoaderPosition, NodeDesc, Owner, Randomness, RankPosition, ServiceLayout
-from snapshot.schema.manifest import Manifest, PartRecord, PayloadRecord, part_name
+from snapshot.schema.manifest import Manifest, PartRecord, PayloadRecord, PickledValue, part_name
 from snapshot.schema.positions import (
     Driver,
     NodePosition,
@@ -74,6 +75,7 @@ __all__ = [
     "Owner",
     "PartRecord",
     "PayloadRecord",
+    "PickledValue",
     "PlanSummary",
     "RankPosition",
     "Randomness",

@@ -11,9 +11,10 @@ from snapshot._version import DISTRIBUTION, __version__
 from snapshot.errors import ManifestError, VersionSkewError
 
 #: The version of the container and of this schema; written as the manifest's ``format``.
-FORMAT_VERSION = 1
-#: Which release of ``snapshot`` reads each format version.
-READERS = {1: "snapshot 0.1 and later"}
+FORMAT_VERSION = 2
+#: Which release of ``snapshot`` reads each format version (this one reads every version up to its own:
+#: format 1's payload is a pickle, which a restore unpickles only with trust).
+READERS = {1: "snapshot 0.1 and later", 2: "snapshot 0.2 and later"}
 
 RESTORE_METHODS = ("state", "replay")
 #: The reading services whose state is cut into logical shards (``layout.logical_shards``).
@@ -157,19 +158,19 @@ def check_format(version: Any, source: str) -> int:
     """``version`` if this installation reads it, else a :class:`VersionSkewError` saying what does."""
     if isinstance(version, bool) or not isinstance(version, int):
         raise ManifestError("format", "an int (the 'format' version)", _show(version), source=source)
-    if version == FORMAT_VERSION:
+    if 1 <= version <= FORMAT_VERSION:
         return version
     reader = READERS.get(version)
     if version > FORMAT_VERSION or reader is None:
         newer = version > FORMAT_VERSION
         raise VersionSkewError(
             f"written in snapshot format {version}, which {'a newer release of' if newer else 'no release of'} "
-            f"snapshot reads; this installation (snapshot {__version__}) reads format {FORMAT_VERSION} only"
+            f"snapshot reads; this installation (snapshot {__version__}) reads formats 1 to {FORMAT_VERSION}"
             + (f". Upgrade with `pip install -U {DISTRIBUTION}` on this machine" if newer else
                ": the file is damaged or not one of ours"), source=source)
     raise VersionSkewError(
         f"written in snapshot format {version}, which {reader} read; this installation (snapshot "
-        f"{__version__}) reads format {FORMAT_VERSION} only: load it with that release and save it again",
+        f"{__version__}) reads formats 1 to {FORMAT_VERSION}: load it with that release and save it again",
         source=source)
 
 

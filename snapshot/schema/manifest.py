@@ -11,6 +11,7 @@ from snapshot.errors import ManifestError
 from snapshot.schema._fields import (
     FORMAT_VERSION,
     SHARDED_SERVICES,
+    _choice,
     _counts,
     _fail,
     _Fields,
@@ -29,24 +30,73 @@ from snapshot.schema.positions import NodePosition, SavedState, ShardPosition, U
 _SAVE_ID = re.compile(r"[0-9a-f]{12,32}")
 
 
+#: How a payload encodes its state: ``pickle`` (format 1: one pickle, a restore runs code from the
+#: file) or ``data`` (format 2: the data encoding of :mod:`snapshot._codec`, then a pickled section).
+PAYLOAD_ENCODINGS = ("pickle", "data")
+
+
+@dataclass(frozen=True)
+class PickledValue:
+    """A value of the state that is not data (a custom class in a buffer): where it sits in the state,
+    its type, and the size of its pickle in the payload's pickled section. Restoring it needs trust."""
+
+    at: str
+    type: str
+    size: int
+
+    @classmethod
+    def from_dict(cls, value: Any, where: str = "pickled") -> PickledValue:
+        f = _Fields(value, where)
+        return cls(at=f.required("at", _str), type=f.required("type", _str), size=f.required("size", _int))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"at": self.at, "type": self.type, "size": self.size}
+
+
 @dataclass(frozen=True)
 class PayloadRecord:
-    """The payload's size and digest, and the size of each part (``graph``, ``service``, ``state``)."""
+    """The payload's size and digest, the size of each part (``graph``, ``service``, ``state``), and
+    (format 2) its two sections: ``data`` bytes of data encoding, then the ``pickled`` values' pickles."""
 
     size: int
     sha256: str
     parts: dict[str, int] = field(default_factory=dict)
+    encoding: str = "pickle"
+    data: int | None = None
+    pickled: tuple[PickledValue, ...] = ()
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "payload") -> PayloadRecord:
         f = _Fields(value, where)
-        return cls(size=f.required("size", _int), sha256=f.required("sha256", _sha256),
-                   parts=f.get("parts", _counts, {}))
+        record = cls(size=f.required("size", _int), sha256=f.required("sha256", _sha256),
+                     parts=f.get("parts", _counts, {}),
+                     encoding=f.get("encoding", lambda v, w: _choice(v, w, PAYLOAD_ENCODINGS), "pickle"),
+                     data=f.get("data", _int, None),
+                     pickled=f.get("pickled", lambda v, w: _records(v, w, PickledValue.from_dict), ()))
+        if record.encoding == "data" and record.size > 0:
+            if record.data is None:
+                raise _fail(f"{where}.data", "the size of the data section (encoding is 'data')", None)
+            sections = record.data + sum(p.size for p in record.pickled)
+            if sections != record.size:
+                raise _fail(f"{where}.data", f"sections that add up to the payload's size {record.size}",
+                            f"{record.data} of data and {sections - record.data} pickled")
+        elif record.pickled:
+            raise _fail(f"{where}.pickled", "nothing (a format-1 payload is one pickle)", "pickled values")
+        return record
+
+    @property
+    def needs_trust(self) -> bool:
+        """Whether restoring this payload's state unpickles something from the file."""
+        return self.encoding == "pickle" and self.size > 0 or bool(self.pickled)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"size": self.size, "sha256": self.sha256}
         if self.parts:
             out["parts"] = dict(self.parts)
+        if self.encoding != "pickle":
+            out["encoding"] = self.encoding
+            out["data"] = self.data
+            out["pickled"] = [p.to_dict() for p in self.pickled]
         return out
 
 

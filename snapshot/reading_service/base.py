@@ -25,6 +25,7 @@ nothing else runs as it did, and the first attempt to snapshot it raises a
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -32,16 +33,21 @@ from typing import Any
 from snapshot.errors import SnapshotError
 from snapshot.randomness import SeedGenerator
 
-__all__ = ["ReadingServiceInterface", "ServiceCheckpoint", "ServiceState"]
+__all__ = ["ReadingServiceInterface", "ServiceCheckpoint"]
 
-#: A service's checkpoint: plain nested dicts. Keys used by every service:
-#: ``"service"`` (class name), ``"layout"`` (workers, ranks, logical shards: JSON-able),
-#: ``"seeds"`` (this epoch's seeds per node path), ``"shards"`` (per logical shard:
-#: ``"yielded"``, ``"exhausted"``, ``"nodes"`` = {path: {"yielded": n, ...}}).
+#: A service's checkpoint, as plain nested dicts: what :meth:`snapshot.schema.ServiceState.to_dict`
+#: gives, and what it reads (``service``, ``layout`` and ``shards`` at least; see that record for
+#: every field). Code reads it through that record, never by its keys.
 ServiceCheckpoint = dict[str, Any]
-#: The earlier name of :data:`ServiceCheckpoint`, kept for code that imports it. (The saved,
-#: validated frame of this dict is :class:`snapshot.schema.ServiceState`.)
-ServiceState = ServiceCheckpoint
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ServiceState":  # the dict's earlier name; the record is snapshot.schema.ServiceState
+        warnings.warn("snapshot.reading_service.ServiceState is deprecated: the dict a checkpoint() returns is "
+                      "ServiceCheckpoint, and its typed record is snapshot.schema.ServiceState",
+                      DeprecationWarning, stacklevel=2)
+        return ServiceCheckpoint
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ReadingServiceInterface(ABC):

@@ -14,7 +14,7 @@ from snapshot import _serialization
 from snapshot._digest import sample_digest
 from snapshot.capture import Snapshot
 from snapshot.errors import LayoutError, RankError, SnapshotError, VerificationError
-from snapshot.plan import RestoreStrategy, check_graph, make_plan
+from snapshot.plan import RestoreStrategy, check_graph, check_strategy
 from snapshot.randomness import SeedGenerator
 from snapshot.schema import RankState, SavedState, ServiceState, VerifyRecord
 from snapshot.schema.saved import map_node_states
@@ -55,9 +55,11 @@ def restore(loader: LoaderParts, snap: Snapshot, strategy: RestoreStrategy) -> N
         loader._set_graph_bytes(snap.graph)
     assert loader._graph is not None
     check_graph([node.to_dict() for node in snap.info.graph.nodes], loader._graph, loader.code_changes)
-    make_plan(loader._graph, {}, strategy)  # refuses an impossible strategy up front
+    check_strategy(loader._graph, strategy)  # refuses an impossible strategy up front
     saved = snap.saved
-    problems = loader.reading_service.validate(saved.service.to_dict()) if saved.service is not None else []
+    service = loader.reading_service
+    problems = service.validate(saved.service if service.reads_records else saved.service.to_dict()) \
+        if saved.service is not None else []
     collective = loader._collective()
     rank_position = _rank_position(saved, collective)
     if rank_position is None and any(r.lookahead for r in saved.ranks):
@@ -71,11 +73,11 @@ def restore(loader: LoaderParts, snap: Snapshot, strategy: RestoreStrategy) -> N
             differ = [r for r, i in enumerate(identities) if i != identities[0]]
             raise RankError(f"ranks {differ} restore a different snapshot than rank 0; every rank must "
                             "restore the same one")
-    service = None if saved.service is None else map_node_states(saved.service, _decode_state)
+    decoded = None if saved.service is None else map_node_states(saved.service, _decode_state)
     # Validated: now change the loader (and put it back if verification fails).
     before = loader._position.copy()
     try:
-        _apply(loader, saved, service, strategy, rank_position)
+        _apply(loader, saved, decoded, strategy, rank_position)
         recorded = snap.info.verify if rank_position is not None else None
         if recorded is not None:
             verify(loader, recorded)
@@ -157,8 +159,9 @@ def _apply(loader: LoaderParts, saved: SavedState, service: ServiceState | None,
     elif rank_position is None:  # another layout: this rank's share starts where its shards stand
         pos.lookahead = deque()
         pos.epoch_finished = all(r.epoch_finished for r in saved.ranks) and bool(saved.ranks)
-    pos.end = loader.reading_service.restore(loader.datapipe, {} if service is None else service.to_dict(),
-                                             strategy=strategy)
+    reading = loader.reading_service
+    state = service if reading.reads_records or service is None else service.to_dict()
+    pos.end = reading.restore(loader.datapipe, state or {}, strategy=strategy)
     if rank_position is None:
         progress = getattr(loader.reading_service, "progress", None)
         pos.yielded = progress()[0] if progress is not None else 0

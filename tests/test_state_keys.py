@@ -35,33 +35,11 @@ OWN_RECORDS: dict[str, set[str]] = {
     # a distributed snapshot's part info: its rank, file, size, sha256
     "multipart.py": {"rank"},
     "_object_directory.py": {"rank"},
+    "reading_service/distributed.py": {"rank"},
+    # a worker's set-up (its graph, shards, options), sent once when it starts
+    "reading_service/_worker.py": {"shards", "buffer_state"},
     # the payload's frame, {"state", "graph", "service"}: the container's, around the state's root
     "capture.py": {"state", "service"},
-}
-
-
-#: Modules not yet moved to the records (each still reads the keys named): to be emptied.
-REMAINING: dict[str, set[str]] = {
-    "_passes.py": {"state"},
-    "reading_service/_dispatch.py": {"exhausted", "next", "nodes", "queues", "rng", "shards", "upstream", "yielded"},
-    "reading_service/_engine.py": {"deal", "exhausted", "next", "nodes", "persistent", "restart", "rng", "routers",
-                                   "shards", "upstream", "yielded"},
-    "reading_service/_even.py": {"even_batches", "ranks"},
-    "reading_service/_merge.py": {"exhausted", "finished", "in_flight", "merge", "ranks", "shard", "shards", "upstream",
-                                  "yielded"},
-    "reading_service/_pool.py": {"shards", "upstream"},
-    "reading_service/_recombine.py": {"deal", "ended", "kept", "next", "nodes", "persistent", "position", "queues",
-                                      "restart", "rng", "routers", "shards"},
-    "reading_service/_reread.py": {"nodes", "yielded"},
-    "reading_service/_routing.py": {"deal", "ended", "kept", "next", "position", "queues"},
-    "reading_service/_sharded.py": {"layout", "ranks", "seeds", "shards", "upstream"},
-    "reading_service/_split.py": {"deal", "ended", "even_batches", "exhausted", "in_flight", "layout", "next", "nodes",
-                                  "produced", "queues", "ranks", "routers", "shards", "upstream", "yielded"},
-    "reading_service/_tail.py": {"nodes", "persistent", "rng", "yielded"},
-    "reading_service/_worker.py": {"buffer_state", "shards"},
-    "reading_service/_worker_reset.py": {"ranks"},
-    "reading_service/distributed.py": {"even_batches", "layout", "rank", "ranks", "service"},
-    "reading_service/multiprocessing.py": {"layout"},
 }
 
 
@@ -89,7 +67,7 @@ def string_key_reads(root: Path) -> list[str]:
         name = path.relative_to(root).as_posix()
         if name.startswith(OWNERS):
             continue
-        allowed = OWN_RECORDS.get(name, set()) | REMAINING.get(name, set())
+        allowed = OWN_RECORDS.get(name, set())
         for number, line in enumerate(path.read_text().splitlines(), 1):
             text = line.split("#", 1)[0]
             if text.lstrip().startswith((">>>", "...")):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -73,6 +74,19 @@ def test_the_records_read_what_a_loader_writes_and_write_it_back(factory: Any, s
     assert snap.saved.to_dict() == snap.state  # the dict written today, key for key
     if take:
         assert snap.saved.service is not None and any(s is not None and s.nodes for s in snap.saved.service.shards)
+
+
+FORMAT1 = Path(__file__).resolve().parent / "fixtures" / "format1"
+
+
+@pytest.mark.parametrize("name", ["workers0.snap", "workers2.snap"])
+def test_files_written_in_format_1_read_into_the_records_and_back_unchanged(name: str) -> None:
+    path = FORMAT1 / name
+    if not path.exists():
+        pytest.skip("the format-1 fixtures (tests/fixtures/format1) are not in this tree")
+    snap = snapshot.load(path)
+    assert snap.saved.to_dict() == snap.state
+    assert snap.saved.service is not None and snap.saved.service.seeds is not None
 
 
 def _set(*path: Any, value: Any) -> Callable[[dict[str, Any]], None]:

@@ -30,15 +30,30 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from snapshot import schema
 from snapshot.errors import SnapshotError
 from snapshot.randomness import SeedGenerator
 
-__all__ = ["ReadingServiceInterface", "ServiceCheckpoint"]
+__all__ = ["ReadingServiceInterface", "ServiceCheckpoint", "as_record"]
 
 #: A service's checkpoint, as plain nested dicts: what :meth:`snapshot.schema.ServiceState.to_dict`
 #: gives, and what it reads (``service``, ``layout`` and ``shards`` at least; see that record for
 #: every field). Code reads it through that record, never by its keys.
 ServiceCheckpoint = dict[str, Any]
+
+
+def as_record(state: ServiceCheckpoint | schema.ServiceState) -> schema.ServiceState:
+    """A (non-empty) checkpoint as its typed record: a record as it is, a dict read and checked.
+
+    The loader passes the built-in services the record it read from the snapshot; a dict comes
+    from code that calls ``restore``/``validate`` itself.
+    """
+    if isinstance(state, schema.ServiceState):
+        return state
+    record = schema.ServiceState.from_dict(state)
+    if record is None:
+        raise ValueError("an empty checkpoint ({}: taken before the first epoch) has no record")
+    return record
 
 
 def __getattr__(name: str) -> Any:
@@ -57,6 +72,10 @@ class ReadingServiceInterface(ABC):
     the unconfigured service in each snapshot so that ``DataLoader2.from_snapshot`` can make
     the same kind of service again.
     """
+
+    #: Whether :meth:`restore` and :meth:`validate` take the snapshot's typed record
+    #: (:class:`snapshot.schema.ServiceState`, as the loader read it) instead of the plain dict.
+    reads_records: bool = False
 
     @abstractmethod
     def initialize(self, datapipe: Any) -> Iterable[Any]:
@@ -78,8 +97,9 @@ class ReadingServiceInterface(ABC):
         """The running epoch's exact state; ``{}`` before the first epoch."""
         raise self._not_checkpointable("save a snapshot", "checkpoint")
 
-    def restore(self, datapipe: Any, state: ServiceCheckpoint, *, strategy: Any = "auto") -> Iterable[Any]:
-        """Prepare ``datapipe`` and position it where ``state`` was taken."""
+    def restore(self, datapipe: Any, state: ServiceCheckpoint | schema.ServiceState, *,
+                strategy: Any = "auto") -> Iterable[Any]:
+        """Prepare ``datapipe`` and position it where ``state`` was taken (its record, when :attr:`reads_records`)."""
         raise self._not_checkpointable("restore a snapshot", "restore")
 
     def _not_checkpointable(self, action: str, method: str) -> SnapshotError:
@@ -89,6 +109,6 @@ class ReadingServiceInterface(ABC):
             f"Implement checkpoint() and restore() in {name} (see snapshot.ReadingServiceInterface), "
             "or use one of snapshot's reading services, which all can.")
 
-    def validate(self, state: ServiceCheckpoint) -> list[str]:
+    def validate(self, state: ServiceCheckpoint | schema.ServiceState) -> list[str]:
         """Problems that would stop :meth:`restore` (checked before anything changes)."""
         return []

@@ -36,6 +36,7 @@ round-trips.
     └── service: ServiceState         the reading service's checkpoint ({} before epoch 0)
         ├── seeds: SeedsState
         ├── upstream: [UpstreamState] routers: {path: RouterState}, nodes: {path: NodeState}
+        ├── tail: TailState | None    the part below a non-replicable pipe: nodes: {path: NodeState}
         └── shards: [ShardState|None] per logical shard: plan (PlanState), nodes ({path: NodeState})
 
 The payload's records (:mod:`~snapshot.schema.state`, :mod:`~snapshot.schema.saved`) are the only
@@ -68,7 +69,7 @@ from snapshot.schema.positions import (
     shard_finished,
 )
 from snapshot.schema.saved import RankServiceState, RankState, SavedState, ServiceState
-from snapshot.schema.state import NodeState, PlanState, RouterState, SeedsState, ShardState, UpstreamState
+from snapshot.schema.state import NodeState, PlanState, RouterState, SeedsState, ShardState, TailState, UpstreamState
 
 __all__ = [
     "Driver",
@@ -96,6 +97,7 @@ __all__ = [
     "ServiceState",
     "ShardPosition",
     "ShardState",
+    "TailState",
     "UpstreamPosition",
     "UpstreamState",
     "VerifyRecord",

@@ -21,7 +21,7 @@ from snapshot.schema._fields import (
     _str,
 )
 from snapshot.schema.layout import LoaderPosition, ServiceLayout
-from snapshot.schema.state import NodeState, SeedsState, ShardState, UpstreamState, _any, _items
+from snapshot.schema.state import NodeState, SeedsState, ShardState, TailState, UpstreamState, _any, _items
 
 __all__ = ["RankServiceState", "RankState", "SavedState", "ServiceState", "map_node_states"]
 
@@ -74,7 +74,7 @@ class ServiceState:
     #: ``DistributedReadingService``'s even-batches record (``reading_service._even``).
     even_batches: Any = None
     #: The part below a non-replicable pipe (``reading_service._tail.Tail.capture()``).
-    tail: Any = None
+    tail: TailState | None = None
     ranks: list[RankServiceState] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -87,7 +87,7 @@ class ServiceState:
                     shards=f.required("shards", _shards),
                     upstream=f.get("upstream", _items(UpstreamState.from_dict), []),
                     seeds=f.get("seeds", SeedsState.from_dict, None), merge=f.get("merge", _any, None),
-                    even_batches=f.get("even_batches", _any, None), tail=f.get("tail", _any, None),
+                    even_batches=f.get("even_batches", _any, None), tail=f.get("tail", TailState.from_dict, None),
                     ranks=f.get("ranks", _items(RankServiceState.from_dict), []),
                     extra=f.extra())
         if state.service not in SHARDED_SERVICES and "logical_shards" not in state.layout:
@@ -111,9 +111,10 @@ class ServiceState:
         out.update(self.extra)
         out.update(upstream=[u.to_dict() for u in self.upstream],
                    shards=[None if s is None else s.to_dict() for s in self.shards])
-        for key in ("tail", "even_batches"):
-            if getattr(self, key) is not None:
-                out[key] = getattr(self, key)
+        if self.tail is not None:
+            out["tail"] = self.tail.to_dict()
+        if self.even_batches is not None:
+            out["even_batches"] = self.even_batches
         if self.ranks:
             out["ranks"] = [r.to_dict() for r in self.ranks]
         return out

@@ -9,6 +9,7 @@
         ├── upstream: [UpstreamState]    one per copy of the part above the sharding point
         │   ├── routers: {path: RouterState}
         │   └── nodes: {path: NodeState}
+        ├── tail: TailState | None       the part below a non-replicable pipe: nodes: {path: NodeState}
         └── shards: [ShardState | None]  one per logical shard (or sub-shard); None: another rank's
             ├── plan: PlanState | None   its ``auto`` restore plan (plan.Plan.describe())
             └── nodes: {path: NodeState}
@@ -45,7 +46,7 @@ from snapshot.schema._fields import (
     _str,
 )
 
-__all__ = ["NodeState", "PlanState", "RouterState", "SeedsState", "ShardState", "UpstreamState"]
+__all__ = ["NodeState", "PlanState", "RouterState", "SeedsState", "ShardState", "TailState", "UpstreamState"]
 
 
 def _any(value: Any, where: str) -> Any:
@@ -284,6 +285,28 @@ class UpstreamState:
         if self.restart:
             out["restart"] = True
         return {**out, **self.extra}
+
+
+@dataclass
+class TailState:
+    """The part below a non-replicable pipe, run once over the merged stream (``reading_service._tail``)."""
+
+    VERSION: ClassVar[int] = 1
+
+    nodes: dict[str, NodeState] = field(default_factory=dict)
+    persistent: dict[str, Any] = field(default_factory=dict)
+    #: Its own generator states (``_rng.plain_rng``), if isolated.
+    rng: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, value: Any, where: str = "tail") -> TailState:
+        f = _Fields(value, where)
+        return cls(nodes=f.get("nodes", _nodes, {}), persistent=f.get("persistent", _opaque_by_path, {}),
+                   rng=f.get("rng", _any, None), extra=f.extra())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"nodes": _nodes_dict(self.nodes), "persistent": dict(self.persistent), "rng": self.rng, **self.extra}
 
 
 def _seeds_by_path(value: Any, where: str) -> dict[str, int]:

@@ -190,3 +190,8 @@ class VerifyRecord:
 def shard_finished(record: Mapping[str, Any]) -> bool:
     """Whether the loader has taken a saved logical shard's last sample (the manifest's ``exhausted``)."""
     return bool(record.get(SHARD_FINISHED, record.get(SHARD_PRODUCED_ALL, False)))
+
+
+# The payload's records moved to snapshot.schema.saved (with the records they nest, in
+# snapshot.schema.state); importable from here as before.
+from snapshot.schema.saved import SavedState, ServiceState  # noqa: E402,F401

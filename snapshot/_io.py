@@ -8,6 +8,7 @@ and writes it atomically (:mod:`snapshot._atomic`). :func:`load` reads bytes, ch
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -79,33 +80,33 @@ def _written_payload(name: str, manifest: schema.Manifest) -> bytes:
 
 def merge_parts(manifest: dict[str, Any], parts: list[Snapshot]) -> Snapshot:
     """One snapshot from the ranks' parts: every logical shard, every rank's position."""
-    parts = sorted(parts, key=lambda p: int(p.state["service"].get("layout", {}).get("rank", 0))
-                   if p.state["service"] else 0)
+    parts = sorted(parts, key=lambda p: p.saved.service.rank if p.saved.service is not None else 0)
     first = parts[0]
-    state = dict(first.state)
-    state["ranks"] = [{"rank": i, "yielded": p.state["yielded"], "epoch_finished": p.state["epoch_finished"],
-                       "lookahead": p.state["lookahead"]} for i, p in enumerate(parts)]
-    services = [p.state["service"] for p in parts]
-    if services[0]:
-        layout = services[0]["layout"]
-        shards: list[Any] = [None] * int(layout.get("units", layout["logical_shards"]))
-        for service in services:
-            for index, record in enumerate(service["shards"]):
+    saved = first.saved
+    ranks = [schema.RankState(i, p.saved.position.yielded, p.saved.position.epoch_finished, list(p.saved.lookahead))
+             for i, p in enumerate(parts)]
+    services = [p.saved.service for p in parts if p.saved.service is not None]
+    service = saved.service
+    if service is not None:
+        shards: list[schema.ShardState | None] = [None] * service.units
+        for each in services:
+            for index, record in enumerate(each.shards):
                 if record is not None:
                     shards[index] = record
-        merged = {key: value for key, value in services[0].items() if key != "merge"}
-        merged.update(shards=shards, upstream=[u for service in services for u in service["upstream"]],
-                      ranks=[{"rank": i, "merge": service.get("merge"), "even_batches": service.get("even_batches")}
-                             for i, service in enumerate(services)])
-        state["service"] = merged
-    return Snapshot(manifest, state, first.graph, first.service, b"", parts=parts)
+        service = dataclasses.replace(
+            service, merge=None, shards=shards, upstream=[u for each in services for u in each.upstream],
+            ranks=[schema.RankServiceState(i, each.merge, each.even_batches) for i, each in enumerate(services)])
+    saved = dataclasses.replace(saved, service=service, ranks=ranks)
+    snap = Snapshot(manifest, saved.to_dict(), first.graph, first.service, b"", parts=parts)
+    snap.__dict__["saved"] = saved  # see Snapshot.saved
+    return snap
 
 
 def _decode(container: format.Container, source: str, trusted: bool) -> Snapshot:
     """The snapshot in a verified container, refused unless its manifest describes its payload's state."""
     snap = Snapshot.from_container(container, source=source, trusted=trusted)
     try:
-        container.info.check_state(schema.SavedState.from_dict(snap.state), source=source)
+        container.info.check_state(snap.saved, source=source)
     except ManifestError as exc:
         raise exc.at(source) from None
     return snap

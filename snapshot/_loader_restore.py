@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from snapshot import _serialization
 from snapshot._digest import sample_digest
 from snapshot.capture import Snapshot
 from snapshot.errors import LayoutError, RankError, SnapshotError, VerificationError
-from snapshot.plan import RestoreStrategy, check_graph, make_plan
+from snapshot.plan import RestoreStrategy, check_graph, check_strategy
 from snapshot.randomness import SeedGenerator
-from snapshot.schema import SavedState, VerifyRecord
+from snapshot.schema import RankState, SavedState, ServiceState, VerifyRecord
 
 if TYPE_CHECKING:
     from snapshot._loader_parts import LoaderParts
@@ -54,13 +54,14 @@ def restore(loader: LoaderParts, snap: Snapshot, strategy: RestoreStrategy) -> N
         loader._set_graph_bytes(snap.graph)
     assert loader._graph is not None
     check_graph([node.to_dict() for node in snap.info.graph.nodes], loader._graph, loader.code_changes)
-    make_plan(loader._graph, {}, strategy)  # refuses an impossible strategy up front
-    state = snap.take_state()
-    problems = loader.reading_service.validate(state["service"]) if state["service"] else []
+    check_strategy(loader._graph, strategy)  # refuses an impossible strategy up front
+    saved = snap.take_saved()
+    service = loader.reading_service
+    problems = service.validate(saved.service if service.reads_records else saved.service.to_dict()) \
+        if saved.service is not None else []
     collective = loader._collective()
-    rank_position = _rank_position(state, collective)
-    ranks = state.get("ranks", [])
-    if rank_position is None and any(r["lookahead"] for r in ranks):
+    rank_position = _rank_position(saved, collective)
+    if rank_position is None and any(r.lookahead for r in saved.ranks):
         problems.append("the snapshot holds samples computed ahead for verification on some rank; it "
                         "restores only onto the same number of ranks")
     if problems:
@@ -71,11 +72,11 @@ def restore(loader: LoaderParts, snap: Snapshot, strategy: RestoreStrategy) -> N
             differ = [r for r, i in enumerate(identities) if i != identities[0]]
             raise RankError(f"ranks {differ} restore a different snapshot than rank 0; every rank must "
                             "restore the same one")
-    service_state = state["service"] or {}
+    decoded = saved.service  # node states arrive decoded (format 2: as data; format 1: unpickled when loaded)
     # Validated: now change the loader (and put it back if verification fails).
     before = loader._position.copy()
     try:
-        _apply(loader, state, service_state, strategy, rank_position)
+        _apply(loader, saved, decoded, strategy, rank_position)
         recorded = snap.info.verify if rank_position is not None else None
         if recorded is not None:
             verify(loader, recorded)
@@ -111,24 +112,22 @@ def explain_missing_code(exc: BaseException) -> None:
         "first script with this version, which pickles a script's functions with the globals they use.")
 
 
-def _rank_position(state: dict[str, Any], collective: Any) -> Any:
+def _rank_position(saved: SavedState, collective: Any) -> RankState | Literal[False] | None:
     """This rank's saved loader position if the snapshot had the same ranks, ``None`` if it
     must be derived from the shards (another layout), ``False`` for a one-process snapshot."""
-    ranks = state.get("ranks")
     world = collective.world if collective is not None else 1
-    if ranks is None:
+    if not saved.ranks:
         return False if world == 1 else None
     rank = collective.rank if collective is not None else 0
-    return ranks[rank] if len(ranks) == world else None
+    return saved.ranks[rank] if len(saved.ranks) == world else None
 
 
-def _apply(loader: LoaderParts, state: dict[str, Any], service_state: dict[str, Any],
-           strategy: RestoreStrategy, rank_position: Any = False) -> None:
+def _apply(loader: LoaderParts, saved: SavedState, service: ServiceState | None,
+           strategy: RestoreStrategy, rank_position: RankState | Literal[False] | None = False) -> None:
     pos = loader._position
     if pos.datapipe_iter is not None:
         loader.reading_service.finalize_iteration()
         pos.datapipe_iter = None
-    saved = SavedState.from_dict(state)  # checked when loaded; here, typed
     pos.epoch = saved.position.epoch
     pos.yielded = saved.position.yielded
     pos.epoch_finished = saved.position.epoch_finished
@@ -147,13 +146,15 @@ def _apply(loader: LoaderParts, state: dict[str, Any], service_state: dict[str, 
         pos.reset_iter = True
         return
     if rank_position:
-        pos.yielded = int(rank_position["yielded"])
-        pos.epoch_finished = bool(rank_position["epoch_finished"])
-        pos.lookahead = deque(rank_position["lookahead"])
+        pos.yielded = rank_position.yielded
+        pos.epoch_finished = rank_position.epoch_finished
+        pos.lookahead = deque(rank_position.lookahead)
     elif rank_position is None:  # another layout: this rank's share starts where its shards stand
         pos.lookahead = deque()
-        pos.epoch_finished = all(r["epoch_finished"] for r in state.get("ranks", [])) and bool(state.get("ranks"))
-    pos.end = loader.reading_service.restore(loader.datapipe, service_state, strategy=strategy)
+        pos.epoch_finished = all(r.epoch_finished for r in saved.ranks) and bool(saved.ranks)
+    reading = loader.reading_service
+    state = service if reading.reads_records or service is None else service.to_dict()
+    pos.end = reading.restore(loader.datapipe, state or {}, strategy=strategy)
     if rank_position is None:
         progress = getattr(loader.reading_service, "progress", None)
         pos.yielded = progress()[0] if progress is not None else 0

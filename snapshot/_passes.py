@@ -26,17 +26,16 @@ A node's pass is saved in its record (``passes``: ``{"by": ..., "key": [...]}``)
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from snapshot.errors import ExecutionError, ShardingError
 from snapshot.hooks.builtin._rng import AT_PASS_START
 from snapshot.randomness import pass_seed
+from snapshot.schema.state import NodeState
 
-__all__ = ["AT_PASS_START", "BY", "KEY", "PASSES", "Pass", "Passes", "Slot", "arm", "carry_over", "check_restart"]
+__all__ = ["AT_PASS_START", "BY", "KEY", "Pass", "Passes", "Slot", "arm", "carry_over", "check_restart"]
 
-#: Key of a node record: the node's current pass (absent: its first pass of the epoch).
-PASSES = "passes"
 BY = "by"
 KEY = "key"
 
@@ -52,8 +51,8 @@ class Pass:
         return {BY: self.by, KEY: list(self.key)}
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any] | None) -> Pass:
-        saved = (record or {}).get(PASSES)
+    def from_record(cls, record: NodeState | None) -> Pass:
+        saved = record.passes if record is not None else None
         if not saved:
             return cls()
         return cls(None if saved[BY] is None else str(saved[BY]), tuple(int(k) for k in saved[KEY]))
@@ -72,7 +71,7 @@ class Passes:
         replay: the nodes the run replays from the start of their pass.
     """
 
-    def __init__(self, graph: Any, seeds: Mapping[str, int], records: Mapping[str, Any] | None,
+    def __init__(self, graph: Any, seeds: Mapping[str, int], records: Mapping[str, NodeState] | None,
                  replay: Collection[str]):
         self._graph = graph
         self._seeds = seeds
@@ -95,7 +94,8 @@ class Passes:
         records; returns its saved state if it continues that pass (``None``: it starts over)."""
         replayed = any(c in self._replay for c in consumers)
         self.restored(path, replayed=replayed)
-        return None if replayed else (self._records.get(path) or {}).get("state")
+        record = self._records.get(path)
+        return None if replayed or record is None else record.state
 
     def key(self, path: str) -> tuple[int, ...]:
         """The key of ``path``'s current pass (empty: its first pass of the epoch)."""
@@ -107,15 +107,15 @@ class Passes:
             current = self.saved(current.by)
         return current
 
-    def rewind_record(self, path: str) -> dict[str, Any]:
+    def rewind_record(self, path: str) -> NodeState:
         """The record to rewind replayed node ``path`` with: its state, with the values it had at
         the start of its pass (:data:`AT_PASS_START`) when its replay starts in its saved pass."""
-        record = dict(self._records.get(path) or {})
-        state = record.get("state")
+        record = self._records.get(path) or NodeState()
+        state = record.state
         saved = self.saved(path)
         if (saved != _FIRST and isinstance(state, dict) and AT_PASS_START in state
                 and self._first_replayed(path) == saved):
-            return {**record, "state": {**state, **state[AT_PASS_START]}}
+            return replace(record, state={**state, **state[AT_PASS_START]})
         return record
 
     def restart(self, consumer: str, input_path: str, subgraph: Collection[str]) -> None:

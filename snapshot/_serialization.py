@@ -18,7 +18,9 @@ from typing import Any
 
 import dill
 
+from snapshot import schema
 from snapshot.errors import SerializationError
+from snapshot.schema.saved import map_node_states
 
 __all__ = ["clone", "cooperative", "decode_nodes", "dumps", "dumps_graph", "loads", "loads_graph",
            "portable_graph"]
@@ -256,21 +258,8 @@ def clone(datapipe: Any) -> tuple[Any, bytes]:
 
 def _map_nodes(service: Mapping[str, Any], convert: Any) -> dict[str, Any]:
     """A copy of ``service`` with ``convert(path, state)`` applied to every node state."""
-    def nodes(records: Mapping[str, Any]) -> dict[str, Any]:
-        out = {}
-        for path, record in records.items():
-            out[path] = dict(record)
-            if record.get("state") is not None:
-                out[path]["state"] = convert(path, record["state"])
-        return out
-
-    converted = dict(service)
-    if "shards" in service:
-        converted["shards"] = [None if shard is None else {**shard, "nodes": nodes(shard.get("nodes", {}))}
-                               for shard in service["shards"]]
-    if "upstream" in service:
-        converted["upstream"] = [{**up, "nodes": nodes(up.get("nodes", {}))} for up in service["upstream"]]
-    return converted
+    record = schema.ServiceState.from_dict(service)
+    return {} if record is None else map_node_states(record, convert).to_dict()
 
 
 def decode_nodes(service: Mapping[str, Any]) -> dict[str, Any]:

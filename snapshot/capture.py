@@ -87,60 +87,57 @@ def _versions() -> dict[str, str]:
     return dict(_installed_versions())
 
 
-def _node_positions(records: Mapping[str, Any], replayed: set[str]) -> dict[str, schema.NodePosition]:
-    nodes = {}
-    for path, record in records.items():
-        state = record.get("state")
-        nodes[path] = schema.NodePosition(
-            yielded=record.get("yielded"),
-            state_bytes=None if state is None else _payload.size_of(state),
-            buffered=record.get("buffered", 0),
-            restore="replay" if path in replayed else "state",
-            buffer_state=record.get("buffer_state"),
-        )
-    return nodes
+def _node_positions(records: Mapping[str, schema.NodeState], replayed: set[str]) -> dict[str, schema.NodePosition]:
+    return {path: schema.NodePosition(
+        yielded=record.yielded,
+        state_bytes=None if record.state is None else _payload.size_of(record.state),
+        buffered=record.buffered,
+        restore="replay" if path in replayed else "state",
+        buffer_state=record.buffer_state,
+    ) for path, record in records.items()}
 
 
-def _shard_position(shard: Mapping[str, Any] | None) -> schema.ShardPosition | None:
+def _shard_position(shard: schema.ShardState | None) -> schema.ShardPosition | None:
     if shard is None:
         return None  # run elsewhere (another rank)
-    plan = shard.get("plan", {})
-    replayed = set(plan.get("replayed_nodes", []))
+    plan = shard.plan or schema.PlanState()
     return schema.ShardPosition(
-        yielded=shard.get("yielded", 0),
-        produced=shard.get("produced"),
-        exhausted=schema.shard_finished(shard),
-        in_flight=len(shard.get("in_flight", [])),
-        plan=schema.PlanSummary(tuple(schema.Driver(d["path"], d["replay"]) for d in plan.get("drivers", [])),
-                                dict(plan.get("reasons", {})),
+        yielded=shard.yielded,
+        produced=shard.produced,
+        exhausted=shard.taken_all,
+        in_flight=len(shard.in_flight),
+        plan=schema.PlanSummary(tuple(schema.Driver(path, count) for path, count in plan.drivers),
+                                dict(plan.reasons),
                                 # how each buffering node saved its samples: "positions" or "values[: why]"
-                                {path: record["buffer_state"] for path, record in shard.get("nodes", {}).items()
-                                 if record.get("buffer_state") is not None}),
-        nodes=_node_positions(shard.get("nodes", {}), replayed),
+                                {path: record.buffer_state for path, record in shard.nodes.items()
+                                 if record.buffer_state is not None}),
+        nodes=_node_positions(shard.nodes, set(plan.replayed_nodes)),
     )
 
 
-def _upstream_position(upstream: Mapping[str, Any]) -> schema.UpstreamPosition:
+def _upstream_position(upstream: schema.UpstreamState) -> schema.UpstreamPosition:
     return schema.UpstreamPosition(
-        shards=tuple(upstream.get("shards", [])),
-        routers={path: schema.RouterPosition(r["position"], r["ended"],
-                                             {str(s): len(q) for s, q in r["queues"].items()})
-                 for path, r in upstream.get("routers", {}).items()},
-        nodes=_node_positions(upstream.get("nodes", {}), set()),
+        shards=tuple(upstream.shards),
+        routers={path: schema.RouterPosition(r.position, r.ended, {str(s): len(q) for s, q in r.queues.items()})
+                 for path, r in upstream.routers.items()},
+        nodes=_node_positions(upstream.nodes, set()),
     )
+
+
+def _node_seeds(seeds: schema.SeedsState | None) -> dict[str, str]:
+    """Fingerprints of the epoch's seeds, per node path (``@shardN`` when there are several shards)."""
+    if seeds is None:
+        return {}
+    node_seeds = {path: _seed_digest(seed) for path, seed in seeds.shared.items()}
+    for shard_index, shard_seeds in enumerate(seeds.shards):
+        for path, seed in shard_seeds.items():
+            node_seeds[path if len(seeds.shards) == 1 else f"{path}@shard{shard_index}"] = _seed_digest(seed)
+    return node_seeds
 
 
 def _manifest(source: LoaderState, payload: dict[str, Any]) -> schema.Manifest:
     """The manifest of ``source``, whose payload ``payload`` records (size, digest, sections)."""
-    service = source.service
-    seeds = service.get("seeds", {})
-    node_seeds: dict[str, str] = {}
-    for path, seed in seeds.get("shared", {}).items():
-        node_seeds[path] = _seed_digest(seed)
-    for shard_index, shard_seeds in enumerate(seeds.get("shards", [])):
-        for path, seed in shard_seeds.items():
-            key = path if len(seeds["shards"]) == 1 else f"{path}@shard{shard_index}"
-            node_seeds[key] = _seed_digest(seed)
+    service = schema.ServiceState.from_dict(source.service or {})
     verify = source.verify
     return schema.Manifest(
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds"),
@@ -149,15 +146,15 @@ def _manifest(source: LoaderState, payload: dict[str, Any]) -> schema.Manifest:
         randomness=schema.Randomness(
             seed=source.seed,
             seed_source="user" if source.seed_given else ("drawn" if source.seed is not None else None),
-            node_seeds=node_seeds),
+            node_seeds=_node_seeds(None if service is None else service.seeds)),
         graph=schema.GraphDesc(source.graph_fingerprint, source.graph_bytes is not None,
                                tuple(schema.NodeDesc.from_dict(n) for n in source.graph_nodes),
                                source.code_changes),
-        service=schema.ServiceLayout.from_dict({"name": source.service_name, **service.get("layout", {})}),
-        shards=tuple(_shard_position(s) for s in service.get("shards", [])),
-        upstream=tuple(_upstream_position(u) for u in service.get("upstream", [])),
-        verify=None if verify is None else schema.VerifyRecord(verify["count"], tuple(verify["fingerprints"]),
-                                                                verify["ends"]),
+        service=schema.ServiceLayout.from_dict({"name": source.service_name,
+                                                **({} if service is None else service.layout)}),
+        shards=() if service is None else tuple(_shard_position(s) for s in service.shards),
+        upstream=() if service is None else tuple(_upstream_position(u) for u in service.upstream),
+        verify=None if verify is None else schema.VerifyRecord.from_dict(verify),
         payload=schema.PayloadRecord.from_dict(payload),
     )
 
@@ -189,6 +186,11 @@ class Snapshot:
         self._handed_out = False
         self.parts = parts
 
+    @functools.cached_property
+    def saved(self) -> schema.SavedState:
+        """The loader's state, typed and validated (read once; a loaded snapshot's is read when loaded)."""
+        return schema.SavedState.from_dict(self.state)
+
     @property
     def _payload(self) -> bytes:
         if callable(self._payload_source):
@@ -200,6 +202,13 @@ class Snapshot:
             assert self.info.payload is not None
             self._body = _payload.read(self._payload, self.info.payload, trusted=True, source="<snapshot>")
         return self._body
+
+    def take_saved(self) -> schema.SavedState:
+        """:attr:`saved` for a restore to consume (a fresh copy after the first: see :meth:`take_state`)."""
+        if not self._handed_out:
+            self._handed_out = True
+            return self.saved
+        return schema.SavedState.from_dict(self.take_state())
 
     def take_state(self) -> dict[str, Any]:
         """The saved state for a restore to consume: pipes may keep and change what they are given
@@ -287,11 +296,12 @@ class Snapshot:
         record = container.info.payload or schema.PayloadRecord(len(container.payload), "")
         body = _payload.read(container.payload, record, trusted=trusted, source=source)
         try:
-            schema.SavedState.from_dict(body["state"])
+            saved = schema.SavedState.from_dict(body["state"])
         except ManifestError as exc:
             raise exc.at(source) from None
         snap = cls(container.info, payload=container.payload)
         snap._body = body
+        snap.__dict__["saved"] = saved  # validated once: see Snapshot.saved
         return snap
 
 

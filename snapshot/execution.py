@@ -28,23 +28,17 @@ from typing import Any
 from torch.utils.data import MapDataPipe
 
 from snapshot import _progress
-from snapshot._passes import PASSES, Passes, Slot, arm, carry_over, check_restart
+from snapshot._passes import Passes, Slot, arm, carry_over, check_restart
 from snapshot._replay_check import divergence
 from snapshot.errors import PositionError, RestoreError
 from snapshot.graph import ROOT, Graph
 from snapshot.hooks import StateHook, hook_for
-from snapshot.hooks._base import ResumableIterator, counted_step
+from snapshot.hooks._base import STATE, YIELDED, ResumableIterator, counted_step
 from snapshot.plan import Plan, log_plan
+from snapshot.schema.state import NodeState
 
 __all__ = ["CountingIterator", "NodeRecord", "Run", "capture_persistent", "restore_persistent", "rewind"]
 
-#: Keys of a node record (one per node in a capture).
-YIELDED = "yielded"
-EXHAUSTED = "exhausted"
-STATE = "state"
-BUFFERED = "buffered"
-#: How a buffering node saved its samples (``"positions"``, or ``"values"`` and why).
-BUFFER_STATE = "buffer_state"
 
 _log = logging.getLogger(__name__)
 
@@ -86,7 +80,8 @@ def _raw_iter(datapipe: Any) -> Iterator[Any]:
     return iter(raw(datapipe)) if raw is not None else iter(datapipe)
 
 
-NodeRecord = dict[str, Any]
+#: A node's record in a capture (:class:`snapshot.schema.NodeState`).
+NodeRecord = NodeState
 
 
 def capture_persistent(graph: Graph) -> dict[str, Any]:
@@ -114,11 +109,11 @@ def rewind(graph: Graph, records: Mapping[str, NodeRecord], paths: Iterable[str]
     are replayed from its start), from their saved records."""
     for path in paths:
         record = records.get(path)
-        if record is None or record.get(STATE) is None:
+        if record is None or record.state is None:
             continue
         hook = hook_for(graph[path].datapipe)
         if hook is not None and hook.iterator is not None:
-            hook.iterator.rewind(graph[path].datapipe, record[STATE])
+            hook.iterator.rewind(graph[path].datapipe, record.state)
 
 
 #: Builds the cell of a sharding point that a logical shard reads again on its own (see
@@ -205,21 +200,22 @@ class Run(Iterator[Any]):
             cell.path = path
             if self.buffer_state != "values":
                 cell.buffer_state = self.buffer_state
-            if record is not None and record.get(STATE) is not None:
-                cell.load_state_dict({YIELDED: record[YIELDED], STATE: record[STATE]})
+            if record is not None and record.state is not None:
+                cell.load_state_dict({YIELDED: record.yielded, STATE: record.state})
         else:
             for p in node.inputs:
                 self._install(p, path)
             # A pipe that had not started this epoch starts afresh (its state may be the last
             # epoch's); one that had is put back and continued without torch's reset().
-            restored = (hook is not None and record is not None and record.get(STATE) is not None
-                        and record.get(YIELDED) is not None)
+            restored = (hook is not None and record is not None and record.state is not None
+                        and record.yielded is not None)
             if restored:
-                assert hook is not None and hook.load_state_dict is not None
-                hook.load_state_dict(datapipe, record[STATE])  # type: ignore[index]
+                assert hook is not None and hook.load_state_dict is not None and record is not None
+                hook.load_state_dict(datapipe, record.state)
             cell = CountingIterator(datapipe, raw=restored)
             if restored:
-                cell.yielded = int(record[YIELDED])  # type: ignore[index]
+                assert record is not None
+                cell.yielded = int(record.yielded or 0)
         cell.path = path
         self._cells[path] = cell
         return cell
@@ -267,7 +263,8 @@ class Run(Iterator[Any]):
         total = sum(count for _, count in drivers)
         with _progress.bar(total, "snapshot: replaying", minimum=REPLAY_PROGRESS, unit="sample") as progress:
             for path, count in drivers:
-                self._replay_driver(path, count, bool(records.get(path, {}).get(EXHAUSTED)),
+                record = records.get(path)
+                self._replay_driver(path, count, record is not None and record.exhausted,
                                     progress if progress.shown else None)
 
     def _check_replay(self, plan: Plan, records: Mapping[str, NodeRecord]) -> None:
@@ -276,11 +273,10 @@ class Run(Iterator[Any]):
         name them) hold the same generator states and flags."""
         diverged = []
         for path in sorted(plan.replay):
-            record, cell = records.get(path, {}), self._cells.get(path)
-            if record.get(YIELDED) is None or cell is None:
+            record, cell = records.get(path), self._cells.get(path)
+            if record is None or record.yielded is None or cell is None:
                 continue
-            difference = self._passes.diverged(path) or divergence(
-                cell, record[YIELDED], bool(record.get(EXHAUSTED)), record.get(STATE))
+            difference = self._passes.diverged(path) or divergence(cell, record.yielded, record.exhausted, record.state)
             if difference is not None:
                 diverged.append(f"  {path} ({self.graph[path].signature}): {difference}")
         if diverged:
@@ -357,14 +353,10 @@ class Run(Iterator[Any]):
                 buffered = cell.buffered()
             elif hook is not None and hook.state_dict is not None:
                 state = hook.state_dict(cell.datapipe)
-            records[path] = {YIELDED: count, EXHAUSTED: bool(getattr(cell, "exhausted", False)),
-                             STATE: state, BUFFERED: buffered}
-            note = cell.buffer_note() if isinstance(cell, ResumableIterator) else None
-            if note is not None:
-                records[path][BUFFER_STATE] = note
-            passes = self._passes.record(path)
-            if passes is not None:
-                records[path][PASSES] = passes
+            records[path] = NodeState(yielded=count, exhausted=bool(getattr(cell, "exhausted", False)), state=state,
+                                      buffered=buffered,
+                                      buffer_state=cell.buffer_note() if isinstance(cell, ResumableIterator) else None,
+                                      passes=self._passes.record(path))
         return records
 
     def close(self) -> None:

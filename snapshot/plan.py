@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from snapshot._choice import Choice
 from snapshot._warnings import user_stacklevel
 from snapshot.errors import GraphMismatchError, RestoreError, StrategyError
+from snapshot.schema.state import PlanState
 
 if TYPE_CHECKING:  # the graph and the hooks import torch: loaded when a restore is planned
     from snapshot.graph import Graph
@@ -186,15 +187,14 @@ class Plan:
     #: compressed stream re-inflates its current file), with what.
     rereads: Mapping[str, str] = field(default_factory=dict)
 
+    def record(self) -> PlanState:
+        """The plan as a shard's state saves it."""
+        return PlanState(strategy=self.strategy.value, drivers=tuple((p, n) for p, n in self.drivers),
+                         replayed_nodes=tuple(sorted(self.replay)), reasons=dict(self.reasons),
+                         reaches_sharding_point=self.reaches_ports, rereads=dict(self.rereads))
+
     def describe(self) -> dict[str, Any]:
-        return {
-            "strategy": self.strategy.value,
-            "drivers": [{"path": p, "replay": n} for p, n in self.drivers],
-            "replayed_nodes": sorted(self.replay),
-            "reasons": dict(self.reasons),
-            "reaches_sharding_point": self.reaches_ports,
-            "rereads": dict(self.rereads),
-        }
+        return self.record().to_dict()
 
     def method(self, path: str) -> str:
         return "replay" if path in self.replay else "state"
@@ -252,6 +252,29 @@ class _Part:
         return best
 
 
+def check_strategy(graph: Graph, strategy: RestoreStrategy) -> None:
+    """Refuse, before anything changes, a strategy that ``graph`` cannot be restored with (the plans
+    themselves are made per logical shard, when the reading service restores it)."""
+    from snapshot.graph import ROOT
+
+    _check_strategy(graph, _Part(graph, [ROOT], frozenset()).nodes, strategy)
+
+
+def _check_strategy(graph: Graph, nodes: set[str], strategy: RestoreStrategy) -> dict[str, str]:
+    """Why each of ``nodes`` needs replay; refuses what cannot be restored, and ``state`` where some must replay."""
+    check_restorable(graph, nodes)
+    reasons = needs_replay(graph, nodes)
+    if strategy is RestoreStrategy.STATE and reasons:
+        listing = "\n".join(f"  {p}: {graph[p].signature}: {r}" for p, r in reasons.items())
+        raise StrategyError(
+            f"strategy='state' needs a state hook on every node, and {len(reasons)} node(s) "
+            f"cannot be restored from state:\n{listing}\nUse strategy='auto' (replays only the "
+            "smallest subgraph around them) or 'fast_forward', or add hooks with "
+            "snapshot.register_state_hook()."
+        )
+    return reasons
+
+
 def make_plan(graph: Graph, counts: Mapping[str, int | None], strategy: RestoreStrategy,
               sinks: list[str] | None = None, ports: frozenset[str] = frozenset()) -> Plan:
     """The restore plan for the part of ``graph`` behind ``sinks`` at the saved ``counts``.
@@ -263,19 +286,10 @@ def make_plan(graph: Graph, counts: Mapping[str, int | None], strategy: RestoreS
 
     sinks = sinks or [ROOT]
     part = _Part(graph, sinks, ports)
-    check_restorable(graph, part.nodes - ports)
-    reasons = needs_replay(graph, part.nodes - ports)
+    reasons = _check_strategy(graph, part.nodes - ports, strategy)
     if strategy is RestoreStrategy.FAST_FORWARD:
         return Plan(strategy, frozenset(part.nodes - ports),
                     tuple((s, int(counts.get(s) or 0)) for s in sinks), reasons, bool(part.nodes & ports))
-    if strategy is RestoreStrategy.STATE and reasons:
-        listing = "\n".join(f"  {p}: {graph[p].signature}: {r}" for p, r in reasons.items())
-        raise StrategyError(
-            f"strategy='state' needs a state hook on every node, and {len(reasons)} node(s) "
-            f"cannot be restored from state:\n{listing}\nUse strategy='auto' (replays only the "
-            "smallest subgraph around them) or 'fast_forward', or add hooks with "
-            "snapshot.register_state_hook()."
-        )
     chosen: dict[str, set[str]] = {}
     for path in reasons:
         driver, closure = part.smallest_closed(path)

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from snapshot.graph import Graph
+from snapshot.schema.state import SeedsState
 from snapshot.sharding import is_dispatcher
 
 __all__ = ["EpochSeeds", "PhiloxEngine", "SeedGenerator", "draw_seed", "epoch_seeds", "is_random", "pass_seed"]
@@ -223,15 +224,16 @@ class EpochSeeds:
         return self.rng[shard] if shard < count else _sub_seed(self.rng[shard % count], shard // count)
 
     def state(self) -> dict[str, Any]:
-        return {"shared": dict(self.shared), "shards": [dict(s) for s in self.shards], "rng": list(self.rng)}
+        return self.record().to_dict()
+
+    def record(self) -> SeedsState:
+        """These seeds as the service's saved record."""
+        return SeedsState(dict(self.shared), [dict(s) for s in self.shards], list(self.rng))
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> EpochSeeds:
-        return cls(
-            {str(k): int(v) for k, v in state["shared"].items()},
-            [{str(k): int(v) for k, v in s.items()} for s in state["shards"]],
-            [int(v) for v in state.get("rng", [])],
-        )
+    def from_state(cls, state: Mapping[str, Any] | SeedsState) -> EpochSeeds:
+        record = state if isinstance(state, SeedsState) else SeedsState.from_dict(state)
+        return cls(dict(record.shared), [dict(s) for s in record.shards], list(record.rng))
 
 
 def _sub_seed(seed: int, sub: int) -> int:

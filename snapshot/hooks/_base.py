@@ -12,8 +12,10 @@ __all__ = ["ResumableIterator", "YIELDED", "STATE"]
 #: Keys of :meth:`ResumableIterator.state_dict`.
 YIELDED = "yielded"
 STATE = "state"
-#: The key of an :class:`Expanding` iterator's outputs not yet yielded.
+#: Keys that several hooks' states share: outputs (or inputs) held and not yet yielded, and whether
+#: the iterator has finished its input.
 PENDING = "pending"
+DONE = "done"
 
 
 def counted_step(counter: Any, produce: Callable[[], Any]) -> Any:

@@ -28,6 +28,7 @@ from snapshot.reading_service._engine import restore_plans, start_upstream
 from snapshot.reading_service._recombine import parts, recombine
 from snapshot.reading_service._rng import GlobalRNG, plain_rng, raw_from_plain, raw_rng, seeded_rng, set_raw_rng
 from snapshot.reading_service._routing import Router
+from snapshot.schema import ServiceState, ShardState, UpstreamState
 from snapshot.sharding import Topology
 
 __all__ = ["DispatchFailed", "Dispatcher"]
@@ -53,16 +54,16 @@ class Dispatcher:
         self._holding = False
         self.failure: tuple[BaseException, str] | None = None
 
-    def start(self, seeds: EpochSeeds, state: Mapping[str, Any] | None = None,
+    def start(self, seeds: EpochSeeds, state: ServiceState | None = None,
               strategy: RestoreStrategy = RestoreStrategy.AUTO) -> None:
         """Start the epoch, or put this part back where the saved service ``state`` was."""
         self.close()
         saved = None
         replayed: set[int] = set()
         if state is not None:
-            mine = recombine(state["upstream"], state["shards"], self.shards, parts(self.topology, filters=False))
-            saved = mine["upstream"]
-            records = {s: r for s, r in mine["shards"].items() if r is not None}
+            mine = recombine(state.upstream, state.shards, self.shards, parts(self.topology, filters=False))
+            saved = mine.upstream
+            records = {s: r for s, r in mine.shards.items() if r is not None}
             _, replayed = restore_plans({s: self.graph for s in self.shards}, self.topology, records, strategy)
         caller = raw_rng() if self.isolate else None
         try:  # a replay while restoring must not draw from the caller's generators either
@@ -72,7 +73,7 @@ class Dispatcher:
             if caller is not None:
                 set_raw_rng(caller)
         if self.isolate:  # the part's own random/numpy/torch generator states, saved in snapshots
-            plain = (saved or {}).get("rng")
+            plain = saved.rng if saved is not None else None
             self._rng = raw_from_plain(plain) if plain else seeded_rng(seeds.rng[0] ^ _RNG_SALT)
         self._sent = {(r, s): deque() for r in self._routers for s in self.shards}
         self._holding = False
@@ -131,7 +132,7 @@ class Dispatcher:
         """A snapshot is being taken: keep every sent sample until :meth:`capture`."""
         self._holding = True
 
-    def capture(self, read: Mapping[int, Mapping[str, Any] | None]) -> dict[str, Any]:
+    def capture(self, read: Mapping[int, ShardState | None]) -> UpstreamState:
         """This part's state, given each shard's saved record (how much it read from each router)."""
         assert self._run is not None
         routers = {}
@@ -139,17 +140,17 @@ class Dispatcher:
             state = router.state()
             for shard in self.shards:
                 record = read.get(shard)
-                if record is None or record.get("exhausted"):
+                if record is None or record.graph_exhausted:
                     continue
-                start = shard + self.count * int((record["nodes"].get(path) or {}).get("yielded") or 0)
+                start = shard + self.count * record.read_from(path)
                 unread = [[i, x] for i, x in self._sent[(path, shard)] if i >= start]
-                state["queues"][shard] = unread + state["queues"][shard]
-                state["next"][shard] = start
+                state.queues[shard] = unread + state.queues[shard]
+                state.next[shard] = start
             routers[path] = state
         self._holding = False
         persistent = {p: s for p, s in capture_persistent(self.graph).items() if p in self.topology.dispatched}
-        return {"shards": list(self.shards), "nodes": self._run.capture(), "routers": routers,
-                "persistent": persistent, "rng": plain_rng(self._rng) if self.isolate else None}
+        return UpstreamState(shards=list(self.shards), nodes=self._run.capture(), routers=routers,
+                             persistent=persistent, rng=plain_rng(self._rng) if self.isolate else None)
 
     def close(self) -> None:
         if self._run is not None:

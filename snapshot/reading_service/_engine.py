@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from snapshot.execution import Run, capture_persistent, restore_persistent, rewind
@@ -24,26 +25,40 @@ from snapshot.randomness import EpochSeeds
 from snapshot.reading_service._reread import reread
 from snapshot.reading_service._rng import GlobalRNG, _ShardRNG, raw_from_plain, seeded_rng
 from snapshot.reading_service._routing import RemoteFetch, RemoteRouter, Router, RouterPort, _outer
+from snapshot.schema.state import NodeState, RouterState, ShardState, UpstreamState
 from snapshot.sharding import Topology, WorkerInfo
 
-__all__ = ["ShardEngine", "restore_plans", "start_upstream"]
+__all__ = ["EngineState", "ShardEngine", "counts", "restore_plans", "start_upstream"]
 
 
-def restore_plans(graphs: Mapping[int, Graph], topology: Topology, saved: Mapping[int, Any],
+@dataclass
+class EngineState:
+    """What one engine runs, captured or to restore: the part above the sharding point (``None``:
+    none runs here) and each owned shard's record (``None``: it starts afresh)."""
+
+    upstream: UpstreamState | None
+    shards: dict[int, ShardState | None] = field(default_factory=dict)
+
+
+def counts(nodes: Mapping[str, NodeState]) -> dict[str, int | None]:
+    """Per node path, the samples a saved run's node had yielded."""
+    return {path: node.yielded for path, node in nodes.items()}
+
+
+def restore_plans(graphs: Mapping[int, Graph], topology: Topology, saved: Mapping[int, ShardState | None],
                   strategy: RestoreStrategy) -> tuple[dict[int, Any], set[int]]:
     """Each saved shard's restore plan, and the shards whose plan replays up to a router."""
     plans = {}
     for shard, graph in graphs.items():
         record = saved.get(shard)
-        if record is not None and not record.get("exhausted"):
-            counts = {p: r["yielded"] for p, r in record["nodes"].items()}
-            plans[shard] = make_plan(graph, counts, strategy, sinks=[topology.shard_sink],
+        if record is not None and not record.graph_exhausted:
+            plans[shard] = make_plan(graph, counts(record.nodes), strategy, sinks=[topology.shard_sink],
                                      ports=frozenset(topology.routers))
     return plans, {s for s, plan in plans.items() if plan.reaches_ports}
 
 
 def start_upstream(graph: Graph, routers: Sequence[str], prefix: frozenset[str], count: int, shards: Sequence[int],
-                   seeds: EpochSeeds, saved: Mapping[str, Any] | None, replayed: set[int],
+                   seeds: EpochSeeds, saved: UpstreamState | None, replayed: set[int],
                    strategy: RestoreStrategy, buffer_state: str = "values") -> tuple[Run, dict[str, Router]]:
     """Run the part above ``routers`` (the nodes in ``prefix``), restored from ``saved`` if given.
 
@@ -52,23 +67,21 @@ def start_upstream(graph: Graph, routers: Sequence[str], prefix: frozenset[str],
     """
     sinks = [graph[r].inputs[0] for r in routers]
     records = plan = None
-    routers_state: dict[str, Any] = {}
+    routers_state: dict[str, RouterState] = {}
     if saved is not None:
-        restore_persistent(graph, saved.get("persistent", {}))
-        if saved.get("restart") and not replayed:  # read unevenly: replay, routers skip what was read
-            rewind(graph, saved["nodes"], prefix)
-            routers_state = saved["routers"]
+        restore_persistent(graph, saved.persistent)
+        if saved.restart and not replayed:  # read unevenly: replay, routers skip what was read
+            rewind(graph, saved.nodes, prefix)
+            routers_state = saved.routers
         elif not replayed:
-            records = saved["nodes"]
-            counts = {p: r["yielded"] for p, r in records.items()}
-            plan = make_plan(graph, counts, strategy, sinks=sinks)
-            routers_state = saved["routers"]
+            records = saved.nodes
+            plan = make_plan(graph, counts(records), strategy, sinks=sinks)
+            routers_state = saved.routers
         else:  # restart the routers, skipping what was read
-            rewind(graph, saved["nodes"], prefix)
-            routers_state = {r: {**({"deal": state["deal"]} if "deal" in state else {}),
-                                 "position": 0, "kept": 0, "ended": False, "queues": {s: [] for s in shards},
-                                 "next": {s: (0 if s in replayed else state["next"][s]) for s in shards}}
-                             for r, state in saved["routers"].items()}
+            rewind(graph, saved.nodes, prefix)
+            routers_state = {r: RouterState(deal=state.deal, queues={s: [] for s in shards},
+                                            next={s: (0 if s in replayed else state.next[s]) for s in shards})
+                             for r, state in saved.routers.items()}
     shared = {p: s for p, s in seeds.shared.items() if p in prefix}
     run = Run(graph, shared, sink=sinks[0], sinks=tuple(sinks[1:]), records=records, plan=plan,
               buffer_state=buffer_state)
@@ -76,13 +89,6 @@ def start_upstream(graph: Graph, routers: Sequence[str], prefix: frozenset[str],
                        outer=_outer(graph[r].datapipe))
              for r in routers}
     return run, built
-
-
-def _read_from(record: Mapping[str, Any] | None, router: str) -> int:
-    """How many samples a saved shard had read from ``router``."""
-    if record is None:
-        return 0
-    return int((record.get("nodes") or {}).get(router, {}).get("yielded") or 0)
 
 
 class ShardEngine:
@@ -130,7 +136,7 @@ class ShardEngine:
                 run.close()
         self._upstream, self._runs, self._routers = None, {}, {}
 
-    def start(self, seeds: EpochSeeds, restore: Mapping[str, Any] | None = None,
+    def start(self, seeds: EpochSeeds, restore: EngineState | None = None,
               strategy: RestoreStrategy = RestoreStrategy.AUTO) -> None:
         """Start the epoch with ``seeds``, or put it back where ``restore`` (see recombine) says.
 
@@ -142,9 +148,9 @@ class ShardEngine:
         self.close()
         self._seeds = seeds
         graph, topology = self.graph, self.topology
-        shard_states = restore["shards"] if restore else {}
+        shard_states = restore.shards if restore is not None else {}
         plans, replayed = restore_plans(self._shard_graphs, topology, shard_states, strategy)
-        upstream_state = restore.get("upstream") if restore else None
+        upstream_state = restore.upstream if restore is not None else None
         local = topology.filters if self._remote is not None else topology.routers
         if local:
             self._upstream, routers = start_upstream(graph, local, self._prefix, self.count, self.shards, seeds,
@@ -152,31 +158,32 @@ class ShardEngine:
             self._routers.update(routers)
         if self._remote is not None:
             for path in topology.dispatchers:
-                received = {s: 0 if s in replayed else _read_from(shard_states.get(s), path) for s in self.shards}
+                received = {s: 0 if s in replayed or (record := shard_states.get(s)) is None
+                            else record.read_from(path) for s in self.shards}
                 self._routers[path] = RemoteRouter(path, self._remote, self.shards, received)
         rng_states = {}
         for shard in self.shards:
             saved = shard_states.get(shard)
             if self._rng.enabled:
-                plain = (saved or {}).get("rng")
+                plain = saved.rng if saved is not None else None
                 rng_states[shard] = raw_from_plain(plain) if plain else seeded_rng(seeds.rng_seed(shard))
             self._runs[shard] = self._shard_run(shard, seeds, saved, plans.get(shard), shard in replayed)
         self._rng.reset(rng_states)
 
-    def _shard_run(self, shard: int, seeds: EpochSeeds, saved: Mapping[str, Any] | None, plan: Any,
+    def _shard_run(self, shard: int, seeds: EpochSeeds, saved: ShardState | None, plan: Any,
                    replays_port: bool) -> Run | None:
         graph = self._shard_graphs[shard]
         if saved is not None:
-            restore_persistent(graph, saved.get("persistent", {}))
-            if saved.get("exhausted"):
+            restore_persistent(graph, saved.persistent)
+            if saved.graph_exhausted:
                 return None
         ports = {r: RouterPort(self._routers[r], shard, graph[r].datapipe) for r in self.topology.routers}
         records = None
         if saved is not None:
-            records = saved["nodes"]
+            records = saved.nodes
             if not replays_port:
                 for path, port in ports.items():
-                    port.yielded = int(records.get(path, {}).get("yielded") or 0)
+                    port.yielded = saved.read_from(path)
         own = {p: s for p, s in seeds.for_shard(shard).items() if p in self._downstream}
         again = functools.partial(reread, seeds=seeds.shared, buffer_state=self.buffer_state)
         return Run(graph, own, sink=self.topology.shard_sink, ports=ports, records=records, plan=plan,
@@ -201,28 +208,28 @@ class ShardEngine:
 
     # -- capturing ------------------------------------------------------------------------
 
-    def capture(self) -> dict[str, Any]:
+    def capture(self) -> EngineState:
         """This engine's state: the part above the sharding point and each owned shard."""
         upstream = None
         if self._upstream is not None:
-            upstream = {"shards": list(self.shards), "nodes": self._upstream.capture(),
-                        "routers": {r: router.state() for r, router in self._routers.items()
-                                    if isinstance(router, Router)},
-                        "persistent": {p: s for p, s in capture_persistent(self.graph).items()
-                                       if p in self._prefix}}
-        shards: dict[int, dict[str, Any]] = {}
+            upstream = UpstreamState(shards=list(self.shards), nodes=self._upstream.capture(),
+                                     routers={r: router.state() for r, router in self._routers.items()
+                                              if isinstance(router, Router)},
+                                     persistent={p: s for p, s in capture_persistent(self.graph).items()
+                                                 if p in self._prefix})
+        shards: dict[int, ShardState | None] = {}
         for shard in self.shards:
             run = self._runs.get(shard)
             graph = self._shard_graphs[shard]
             persistent = {p: s for p, s in capture_persistent(graph).items() if p in self._downstream}
             if run is None:
-                shards[shard] = {"produced": None, "exhausted": True, "nodes": {}, "plan": {},
-                                 "rng": self._rng.state(shard), "persistent": persistent}
+                shards[shard] = ShardState(produced=None, graph_exhausted=True, rng=self._rng.state(shard),
+                                           persistent=persistent)
                 continue
             records = run.capture()
-            counts = {p: r["yielded"] for p, r in records.items()}
-            plan = make_plan(graph, counts, RestoreStrategy.AUTO, sinks=[self.topology.shard_sink],
+            plan = make_plan(graph, counts(records), RestoreStrategy.AUTO, sinks=[self.topology.shard_sink],
                              ports=frozenset(self.topology.routers))
-            shards[shard] = {"produced": run.yielded, "exhausted": run.exhausted, "nodes": records,
-                             "plan": plan.describe(), "rng": self._rng.state(shard), "persistent": persistent}
-        return {"upstream": upstream, "shards": shards}
+            shards[shard] = ShardState(produced=run.yielded, graph_exhausted=run.exhausted, nodes=records,
+                                       plan=plan.record(), rng=self._rng.state(shard),
+                                       persistent=persistent)
+        return EngineState(upstream, shards)

@@ -4,12 +4,17 @@ before its restored stream (batches a trainer's fetcher had taken ahead of a che
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
 from snapshot.errors import RankError
+from snapshot.schema import ServiceState
 
-__all__ = ["EvenBatches", "First", "deal", "saved_first", "saved_last"]
+__all__ = ["FIRST", "EvenBatches", "First", "deal", "saved_ended", "saved_first", "saved_last"]
+
+#: Keys of a rank's even-batches record (the service record's ``even_batches``): the sample "pad"
+#: repeats, samples padded, whether the policy ended the epoch, and the samples handed out first.
+LAST, PADDED, ENDED, FIRST = "last", "padded", "ended", "first"
 
 
 class Reducer(Protocol):
@@ -47,24 +52,25 @@ def deal(per_rank: list[list[Any]], rank: int, world: int) -> list[Any]:
     return items[start:start + share + (1 if rank < extra else 0)]
 
 
-def _records(state: Mapping[str, Any]) -> list[Any]:
-    return [r.get("even_batches") for r in state.get("ranks", [])] or [state.get("even_batches")]
+def saved_ended(state: ServiceState) -> bool:
+    """Whether the policy had ended the saved epoch on some rank."""
+    return any(record and record.get(ENDED) for record in state.even_batches_records)
 
 
-def saved_first(state: Mapping[str, Any], rank: int, world: int) -> list[Any]:
+def saved_first(state: ServiceState, rank: int, world: int) -> list[Any]:
     """The items the saved ranks still had to hand out first, this rank's share of them."""
-    return deal([list((record or {}).get("first") or []) for record in _records(state)], rank, world)
+    return deal([list((record or {}).get(FIRST) or []) for record in state.even_batches_records], rank, world)
 
 
-def saved_last(state: Mapping[str, Any], rank: int) -> list[Any]:
+def saved_last(state: ServiceState, rank: int) -> list[Any]:
     """The sample ``"pad"`` repeats on ``rank`` after a restore: the one this rank saved; after a
     restore onto another number of ranks, one that a saved rank had (its own number first)."""
-    saved = _records(state)
+    saved = state.even_batches_records
     order = ([rank] if rank < len(saved) else []) + [r for r in range(len(saved)) if r != rank]
     for index in order:
         record = saved[index]
-        if record and record.get("last"):
-            return list(record["last"])
+        if record and record.get(LAST):
+            return list(record[LAST])
     return []
 
 
@@ -85,10 +91,10 @@ class EvenBatches(Iterator[Any]):
 
     @staticmethod
     def initial() -> dict[str, Any]:
-        return {"last": [], "padded": 0}
+        return {LAST: [], PADDED: 0}
 
     def state(self) -> dict[str, Any]:
-        return {"last": list(self.last) if self.policy == "pad" else [], "padded": self.padded, "ended": self.done}
+        return {LAST: list(self.last) if self.policy == "pad" else [], PADDED: self.padded, ENDED: self.done}
 
     def __iter__(self) -> EvenBatches:
         return self

@@ -6,11 +6,18 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from snapshot.randomness import EpochSeeds
+from snapshot.reading_service._engine import EngineState
+from snapshot.schema import ServiceState, ShardState
 
-__all__ = ["RoundRobin", "merge_state_for", "owners", "service_state"]
+__all__ = ["CONSUMED", "RoundRobin", "merge_state_for", "owners", "service_state"]
+
+#: Keys of the merge's own record (:meth:`RoundRobin.state`, the service record's ``merge``):
+#: the shards merged, whose turn it is, the shards the merge saw end, samples taken per shard.
+SHARDS, TURN, ENDED, CONSUMED = "shards", "turn", "exhausted", "consumed"
 
 
 class RoundRobin(Iterator[Any]):
@@ -52,30 +59,29 @@ class RoundRobin(Iterator[Any]):
         raise StopIteration
 
     def state(self) -> dict[str, Any]:
-        return {"shards": list(self.shards), "turn": self.turn, "exhausted": sorted(self.exhausted),
-                "consumed": dict(self.consumed)}
+        return {SHARDS: list(self.shards), TURN: self.turn, ENDED: sorted(self.exhausted),
+                CONSUMED: dict(self.consumed)}
 
-    def load(self, state: Mapping[str, Any], shards: Sequence[Mapping[str, Any] | None]) -> None:
+    def load(self, state: Mapping[str, Any], shards: Sequence[ShardState | None]) -> None:
         """Continue from ``state`` (see :func:`merge_state_for`); ``shards`` are the saved records."""
-        self.turn = int(state["turn"])
-        self.exhausted = {int(s) for s in state["exhausted"]}
-        self.consumed = {int(s): int(n) for s, n in state["consumed"].items()}
+        self.turn = int(state[TURN])
+        self.exhausted = {int(s) for s in state[ENDED]}
+        self.consumed = {int(s): int(n) for s, n in state[CONSUMED].items()}
         for shard in self.shards:
             record = shards[shard]
-            self.in_flight[shard] = deque(record["in_flight"] if record is not None else [])
+            self.in_flight[shard] = deque(record.in_flight if record is not None else [])
 
 
-def merge_state_for(state: Mapping[str, Any], shards: Sequence[int]) -> dict[str, Any]:
+def merge_state_for(state: ServiceState, shards: Sequence[int]) -> dict[str, Any]:
     """The merge position for ``shards``: the saved one if the same shards were merged
     together, else one derived from the shard records (for a restore onto another layout)."""
-    candidates = [state.get("merge")] + [rank.get("merge") for rank in state.get("ranks", [])]
-    for merge in candidates:
-        if merge is not None and [int(s) for s in merge["shards"]] == list(shards):
+    for merge in [state.merge] + [rank.merge for rank in state.ranks]:
+        if merge is not None and [int(s) for s in merge[SHARDS]] == list(shards):
             return dict(merge)
-    records = state["shards"]
-    return {"shards": list(shards), "turn": 0,
-            "exhausted": [s for s in shards if records[s] is not None and records[s].get("finished")],
-            "consumed": {s: int(records[s]["yielded"]) if records[s] is not None else 0 for s in shards}}
+    records = state.shards
+    return {SHARDS: list(shards), TURN: 0,
+            ENDED: [s for s in shards if (record := records[s]) is not None and record.finished],
+            CONSUMED: {s: record.yielded if (record := records[s]) is not None else 0 for s in shards}}
 
 
 def owners(count: int, workers: int) -> list[int]:
@@ -84,25 +90,25 @@ def owners(count: int, workers: int) -> list[int]:
 
 
 def service_state(name: str, layout: Mapping[str, Any], seeds: EpochSeeds, merge: RoundRobin,
-                  engines: Sequence[Mapping[str, Any]], count: int) -> dict[str, Any]:
+                  engines: Sequence[EngineState], count: int) -> ServiceState:
     """The checkpoint every sharded service returns (see ``ServiceCheckpoint``).
 
     ``shards`` has one record per logical shard (``None`` for shards this process does not
     own, which a distributed snapshot fills in from the other ranks).
     """
-    shards: list[dict[str, Any] | None] = [None] * count
+    shards: list[ShardState | None] = [None] * count
     upstream = []
     for engine in engines:
-        if engine["upstream"] is not None:
-            upstream.append(engine["upstream"])
-        for shard, record in engine["shards"].items():
-            shards[int(shard)] = dict(record)
+        if engine.upstream is not None:
+            upstream.append(engine.upstream)
+        for shard, record in engine.shards.items():
+            shards[int(shard)] = None if record is None else replace(record)
     for shard in merge.shards:
         record = shards[shard]
         assert record is not None
-        record["shard"] = shard
-        record["yielded"] = merge.consumed[shard]
-        record["in_flight"] = list(merge.in_flight[shard])
-        record["finished"] = shard in merge.exhausted
-    return {"service": name, "layout": dict(layout), "seeds": seeds.state(), "merge": merge.state(),
-            "upstream": upstream, "shards": shards}
+        record.shard = shard
+        record.yielded = merge.consumed[shard]
+        record.in_flight = list(merge.in_flight[shard])
+        record.finished = shard in merge.exhausted
+    return ServiceState(service=name, layout=dict(layout), seeds=seeds.record(), merge=merge.state(),
+                        upstream=upstream, shards=shards)

@@ -10,7 +10,7 @@ import signal
 import time
 import traceback
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -20,9 +20,11 @@ from snapshot.errors import WorkerError
 from snapshot.plan import RestoreStrategy
 from snapshot.randomness import EpochSeeds
 from snapshot.reading_service._dispatch import Dispatcher, DispatchFailed
+from snapshot.reading_service._engine import EngineState
 from snapshot.reading_service._recombine import parts, recombine
 from snapshot.reading_service._rng import GlobalRNG
 from snapshot.reading_service._worker import run_worker
+from snapshot.schema import ServiceState
 from snapshot.sharding import Topology, WorkerInfo
 
 __all__ = ["WorkerPool"]
@@ -248,7 +250,7 @@ class WorkerPool:
 
     # -- epochs -----------------------------------------------------------------------------
 
-    def start(self, seeds: EpochSeeds, state: Mapping[str, Any] | None = None,
+    def start(self, seeds: EpochSeeds, state: ServiceState | None = None,
               strategy: RestoreStrategy = RestoreStrategy.AUTO) -> None:
         """Start an epoch in every worker (or put each back from the saved service ``state``)."""
         self._tag += 1
@@ -259,8 +261,7 @@ class WorkerPool:
             if state is None:
                 worker.send(("start", self._tag, seeds.state()))
             else:
-                mine = recombine(state["upstream"], state["shards"], worker.shards,
-                                 parts(self.topology, dispatchers=False))
+                mine = recombine(state.upstream, state.shards, worker.shards, parts(self.topology, dispatchers=False))
                 payload = _serialization.dumps(mine, what="restore state")
                 worker.send(("restore", self._tag, seeds.state(), payload, strategy.value))
         for worker in self.workers:
@@ -287,7 +288,7 @@ class WorkerPool:
             raise StopIteration
         raise self._shard_error(payload, worker, shard)
 
-    def capture(self) -> tuple[list[dict[str, Any]], dict[int, list[Any]]]:
+    def capture(self) -> tuple[list[EngineState], dict[int, list[Any]]]:
         """Every worker's engine state, and per shard the samples received but not yet taken.
 
         Those samples are handed over (removed from the pool's buffers): the caller yields
@@ -303,8 +304,8 @@ class WorkerPool:
             message = self._await(worker, tag, "taking a snapshot")
             states.append(_serialization.loads(message[2], what="worker state"))
         if self.dispatcher is not None:
-            read = {int(s): r for state in states for s, r in state["shards"].items()}
-            states.append({"upstream": self.dispatcher.capture(read), "shards": {}})
+            read = {int(s): r for state in states for s, r in state.shards.items()}
+            states.append(EngineState(self.dispatcher.capture(read)))
         pending = {}
         for shard, buffer in self._buffers.items():
             cut = self._cut.pop(shard, len(buffer))  # later samples were produced after the worker's state

@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from snapshot._passes import PASSES
 from snapshot._serialization import clone
 from snapshot.errors import LayoutError, ShardingError
 from snapshot.execution import Run, capture_persistent, restore_persistent
@@ -32,6 +31,7 @@ from snapshot.hooks._base import ResumableIterator
 from snapshot.plan import RestoreStrategy, make_plan
 from snapshot.randomness import pass_seed
 from snapshot.reading_service._routing import Router
+from snapshot.schema.state import NodeState, RouterState, ShardState
 
 __all__ = ["Reread", "check_one_pass", "reread"]
 
@@ -54,7 +54,9 @@ class Reread(ResumableIterator):
         return sum(len(q) for q in self._router.queues.values())
 
     def get_state(self) -> dict[str, Any]:
-        return {NODES: self._run.capture(), ROUTER: self._router.state(), PERSISTENT: self._persistent}
+        """The copy's node records and its router's position, as plain dicts (a node state is data)."""
+        return {NODES: {path: node.to_dict() for path, node in self._run.capture().items()},
+                ROUTER: self._router.state().to_dict(), PERSISTENT: self._persistent}
 
     def set_state(self, state: dict[str, Any]) -> None:
         raise TypeError("a Reread is restored by reread(), with its state")
@@ -82,25 +84,25 @@ def reread(port: Any, key: tuple[int, ...], state: Mapping[str, Any] | None, *, 
     own = {n.path: pass_seed(seeds[original(n.path)], key) for n in copy.nodes if original(n.path) in seeds}
     records = plan = None
     if state is not None:
-        records = state[NODES]
-        counts = {p: r["yielded"] for p, r in records.items()}
-        plan = make_plan(copy, counts, RestoreStrategy.AUTO)
+        records = {path: NodeState.from_dict(node, f"{port.path}.state.nodes") for path, node in state[NODES].items()}
+        plan = make_plan(copy, {p: r.yielded for p, r in records.items()}, RestoreStrategy.AUTO)
     run = Run(copy, own, records=records, plan=plan, buffer_state=buffer_state)
     if state is None:  # a new pass, dealt as the shared router deals (sub-shards included)
-        state = {ROUTER: {"deal": router.deal.state(), "position": 0, "kept": 0, "ended": False,
-                          "next": {port.shard: 0}, "queues": {port.shard: []}}}
-    shared = Router(run, router.count, [port.shard], state[ROUTER], outer=router.outer)
+        dealt = RouterState(deal=router.deal.state(), next={port.shard: 0}, queues={port.shard: []})
+    else:
+        dealt = RouterState.from_dict(state[ROUTER], f"{port.path}.state.router")
+    shared = Router(run, router.count, [port.shard], dealt, outer=router.outer)
     return Reread(port.datapipe, run, shared, port.shard, persistent)
 
 
-def check_one_pass(shards: Sequence[Any], routers: Sequence[str]) -> None:
+def check_one_pass(shards: Sequence[ShardState | None], routers: Sequence[str]) -> None:
     """Refuse to split the units of a mid-epoch snapshot (a restore onto ranks that cannot share
     them) when one of them was reading its sharding point again: sub-shards split a unit where
     it had stopped in its first pass."""
     for unit, record in enumerate(shards):
-        nodes = (record or {}).get("nodes") or {}
+        nodes = record.nodes if record is not None else {}
         for path in routers:
-            if (nodes.get(path) or {}).get(PASSES):
+            if (node := nodes.get(path)) is not None and node.passes:
                 raise LayoutError(
                     f"this mid-epoch snapshot was taken while unit {unit} read its sharding point {path} again "
                     "(a later pass of a cycle below the sharding_filter), and its units cannot be shared equally "

@@ -8,6 +8,8 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from snapshot.schema.state import RouterState
+
 __all__ = ["Deal", "RemoteFetch", "RemoteRouter", "Router", "RouterPort"]
 
 
@@ -74,10 +76,10 @@ class Router:
     """
 
     def __init__(self, source: Iterator[Any], count: int, shards: Sequence[int],
-                 state: Mapping[str, Any] | None = None, *, outer: tuple[int, int] = (1, 0)):
+                 state: RouterState | None = None, *, outer: tuple[int, int] = (1, 0)):
         self.source = source
         self.count = count
-        self.deal = Deal(count, state.get("deal") if state is not None else None)
+        self.deal = Deal(count, state.deal if state is not None else None)
         self.outer = outer
         self.position = 0  # samples read from the source
         self.kept = 0  # samples of this filter's share so far (the index shards are dealt by)
@@ -85,9 +87,9 @@ class Router:
         self.next_index = {s: s for s in shards}
         self.queues: dict[int, deque[tuple[int, Any]]] = {s: deque() for s in shards}
         if state is not None:
-            self.position, self.kept, self.ended = int(state["position"]), int(state["kept"]), bool(state["ended"])
-            self.next_index = {int(s): int(i) for s, i in state["next"].items()}
-            self.queues = {int(s): deque((int(i), x) for i, x in q) for s, q in state["queues"].items()}
+            self.position, self.kept, self.ended = state.position, state.kept, state.ended
+            self.next_index = {int(s): int(i) for s, i in state.next.items()}
+            self.queues = {int(s): deque((int(i), x) for i, x in q) for s, q in state.queues.items()}
 
     def next_for(self, shard: int) -> Any:
         queue = self.queues[shard]
@@ -114,11 +116,11 @@ class Router:
         self.next_index[shard] = self.deal.after(shard, index)
         return item
 
-    def state(self) -> dict[str, Any]:
-        deal = {"deal": self.deal.state()} if len(self.deal.levels) > 1 else {}
-        return {**deal, "position": self.position, "kept": self.kept, "ended": self.ended,
-                "next": {s: i for s, i in self.next_index.items()},
-                "queues": {s: [[i, x] for i, x in q] for s, q in self.queues.items()}}
+    def state(self) -> RouterState:
+        return RouterState(position=self.position, kept=self.kept, ended=self.ended,
+                           next={s: i for s, i in self.next_index.items()},
+                           queues={s: [[i, x] for i, x in q] for s, q in self.queues.items()},
+                           deal=self.deal.state() if len(self.deal.levels) > 1 else None)
 
 
 def _outer(datapipe: Any) -> tuple[int, int]:

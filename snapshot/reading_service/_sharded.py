@@ -11,22 +11,23 @@ from __future__ import annotations
 
 import logging
 from abc import abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 from snapshot import _serialization
-from snapshot.errors import ShardingError
+from snapshot.errors import LayoutError, ShardingError
 from snapshot.graph import Graph
 from snapshot.plan import RestoreStrategy
 from snapshot.randomness import EpochSeeds, SeedGenerator, epoch_seeds
-from snapshot.reading_service._engine import ShardEngine
+from snapshot.reading_service._engine import EngineState, ShardEngine
 from snapshot.reading_service._merge import RoundRobin, merge_state_for, service_state
 from snapshot.reading_service._recombine import parts, recombine
 from snapshot.reading_service._rng import GlobalRNG
 from snapshot.reading_service._split import epoch_finished, split
-from snapshot.reading_service._tail import TAIL, Tail, check_restarted
+from snapshot.reading_service._tail import Tail, check_restarted
 from snapshot.reading_service._worker_reset import same_layout_problems
-from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint
+from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint, as_record
+from snapshot.schema import ServiceState
 from snapshot.sharding import Topology, WorkerInfo, analyze
 
 __all__ = ["Executor", "LocalExecutor", "ShardedService", "resolve_logical_shards"]
@@ -52,12 +53,12 @@ def resolve_logical_shards(requested: int | None, topology: Topology, default: i
 class Executor(Protocol):
     """Runs the engines of a set of logical shards."""
 
-    def start(self, seeds: EpochSeeds, state: Mapping[str, Any] | None = None,
+    def start(self, seeds: EpochSeeds, state: ServiceState | None = None,
               strategy: RestoreStrategy = RestoreStrategy.AUTO) -> None: ...
 
     def fetch(self, shard: int) -> Any: ...
 
-    def capture(self) -> tuple[list[dict[str, Any]], dict[int, list[Any]]]: ...
+    def capture(self) -> tuple[list[EngineState], dict[int, list[Any]]]: ...
 
     def close(self) -> None: ...
 
@@ -73,17 +74,17 @@ class LocalExecutor:
                                   worker=WorkerInfo(1, 0), global_rng=global_rng, protect_caller_rng=True,
                                   buffer_state=buffer_state)
 
-    def start(self, seeds: EpochSeeds, state: Mapping[str, Any] | None = None,
+    def start(self, seeds: EpochSeeds, state: ServiceState | None = None,
               strategy: RestoreStrategy = RestoreStrategy.AUTO) -> None:
         restore = None
         if state is not None:
-            restore = recombine(state["upstream"], state["shards"], self.shards, parts(self.topology))
+            restore = recombine(state.upstream, state.shards, self.shards, parts(self.topology))
         self.engine.start(seeds, restore, strategy)
 
     def fetch(self, shard: int) -> Any:
         return self.engine.next(shard)
 
-    def capture(self) -> tuple[list[dict[str, Any]], dict[int, list[Any]]]:
+    def capture(self) -> tuple[list[EngineState], dict[int, list[Any]]]:
         return [self.engine.capture()], {}
 
     def close(self) -> None:
@@ -95,6 +96,7 @@ class ShardedService(ReadingServiceInterface):
 
     #: How buffering pipes save their samples; set by ``DataLoader2(buffer_state=...)``.
     buffer_state: str = "values"
+    reads_records = True
 
     def __init__(self, *, logical_shards: int | None, global_rng: GlobalRNG | str):
         self.logical_shards = logical_shards
@@ -186,8 +188,13 @@ class ShardedService(ReadingServiceInterface):
     # -- checkpoint / restore ---------------------------------------------------------------
 
     def checkpoint(self) -> ServiceCheckpoint:
+        record = self.record()
+        return {} if record is None else record.to_dict()
+
+    def record(self) -> ServiceState | None:
+        """The running epoch's state as its record (``None`` before the first epoch); see :meth:`checkpoint`."""
         if self._executor is None or self._merge is None or self._seeds is None:
-            return {}
+            return None
         engines, pending = self._executor.capture()
         for shard, items in pending.items():
             self._merge.in_flight[shard].extend(items)
@@ -196,12 +203,13 @@ class ShardedService(ReadingServiceInterface):
             layout["units"] = self._units
         state = service_state(type(self).__name__, layout, self._seeds, self._merge, engines, self._units)
         if self._tail is not None:
-            state[TAIL] = self._tail.capture()
+            state.tail = self._tail.capture()
         return state
 
-    def validate(self, state: ServiceCheckpoint) -> list[str]:
-        saved = int(state["layout"]["logical_shards"])
-        problems = same_layout_problems(state["layout"], self._reset_layout())
+    def validate(self, state: ServiceCheckpoint | ServiceState) -> list[str]:
+        state = as_record(state)
+        saved = state.logical_shards
+        problems = same_layout_problems(state, self._reset_layout())
         if self.logical_shards is not None and self.logical_shards != saved:
             problems.append(f"the snapshot has {saved} logical shards but this service asks for logical_shards="
                             f"{self.logical_shards}; the number of logical shards is fixed by the first run (leave "
@@ -212,18 +220,20 @@ class ShardedService(ReadingServiceInterface):
         """The ``worker_reset_fn`` a restore would call, if any (see :mod:`._worker_reset`)."""
         return None
 
-    def restore(self, datapipe: Any, state: ServiceCheckpoint, *, strategy: Any = RestoreStrategy.AUTO,
+    def restore(self, datapipe: Any, state: ServiceCheckpoint | ServiceState | None, *,
+                strategy: Any = RestoreStrategy.AUTO,
                 shards: Sequence[int] | None = None, units: int | None = None, ranks: int = 1,
                 ahead: Sequence[int] = ()) -> _Output:
         """Continue from ``state``, running ``shards`` of ``units`` (default: all the saved units;
         more units split the saved ones, see :mod:`._split`) as one of ``ranks`` ranks, whose
         callers hand out ``ahead`` outputs (per rank) before the restored streams."""
-        if not state:
+        state = as_record(state) if state else None
+        if state is None:
             if self._executor is None:
                 self.initialize(datapipe)
             return _Output(self)
-        count = int(state["layout"]["logical_shards"])
-        saved_units = int(state["layout"].get("units", count))
+        count = state.logical_shards
+        saved_units = state.units
         units = units or saved_units
         owned = list(shards) if shards is not None else list(range(units))
         if self._executor is None or (count, units, owned) != (self._count, self._units, self._owned):
@@ -232,26 +242,29 @@ class ShardedService(ReadingServiceInterface):
             elif self._executor is None:
                 datapipe = self._prepare(datapipe)
             self.configure(datapipe, count, owned, units)
-        rebalance = ranks > 1 and int(state["layout"].get("ranks", 1)) != ranks
+        rebalance = ranks > 1 and state.world != ranks
         if units != saved_units or rebalance:
             _log.info("re-sharding: the saved %d unit(s) of %d logical shard(s) run as %d on %d rank(s)", saved_units,
                       count, units, ranks)
             state = split(state, units, analyze(self._require()[1]), finished=epoch_finished(state), ranks=ranks,
                           rebalance=rebalance, ahead=ahead)
-        saved_workers, workers = int(state["layout"].get("workers", 0)), int(self._layout()["workers"])
+        saved_workers, workers = state.workers, int(self._layout()["workers"])
         if saved_workers != workers:
             _log.info("re-sharding: %d logical shard(s) saved with %d worker(s) per rank now run on %d "
                       "(this process owns shards %s)", count, saved_workers, workers, owned)
         executor, _ = self._require()
-        self._seeds = EpochSeeds.from_state(state["seeds"])
+        if state.seeds is None:
+            raise LayoutError("the snapshot's service state has no seeds (state.service.seeds): it was not written "
+                              f"by {type(self).__name__}; restore it with the service that saved it")
+        self._seeds = EpochSeeds.from_state(state.seeds)
         strategy = RestoreStrategy.parse(strategy)
-        restart = self._tail is not None and self._tail.restarts_epoch(state.get(TAIL), strategy)
+        restart = self._tail is not None and self._tail.restarts_epoch(state.tail, strategy)
         executor.start(self._seeds, None if restart else state, strategy)  # restart: see _tail
         self._merge = RoundRobin(owned, executor.fetch)
         if not restart:
-            self._merge.load(merge_state_for(state, owned), state["shards"])
+            self._merge.load(merge_state_for(state, owned), state.shards)
         if self._tail is not None:
-            self._tail.start(self._seeds, self._merge, state[TAIL], strategy, restarted=restart)
+            self._tail.start(self._seeds, self._merge, state.tail, strategy, restarted=restart)
             if restart:
                 check_restarted(self._merge, merge_state_for(state, owned))
         return _Output(self)

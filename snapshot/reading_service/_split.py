@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from snapshot.errors import LayoutError
+from snapshot.reading_service._even import saved_ended
 from snapshot.reading_service._reread import check_one_pass
 from snapshot.reading_service._routing import Deal
-from snapshot.schema import shard_finished
+from snapshot.schema import ServiceState, ShardState, UpstreamState
 from snapshot.sharding import Topology
 
 __all__ = ["epoch_finished", "epoch_units", "restore_units", "split"]
@@ -39,8 +41,8 @@ def restore_units(saved_units: int, ranks: int) -> int:
     return saved_units if saved_units % max(ranks, 1) == 0 else math.lcm(saved_units, ranks)
 
 
-def split(state: Mapping[str, Any], units: int, topology: Topology, *, finished: bool, ranks: int = 1,
-          rebalance: bool = False, ahead: Sequence[int] = ()) -> dict[str, Any]:
+def split(state: ServiceState, units: int, topology: Topology, *, finished: bool, ranks: int = 1,
+          rebalance: bool = False, ahead: Sequence[int] = ()) -> ServiceState:
     """``state`` (a sharded service's checkpoint) with its units split into ``units``.
 
     Each unit keeps its record and the samples its sub-deal gives it; the new sub-units start
@@ -52,32 +54,31 @@ def split(state: Mapping[str, Any], units: int, topology: Topology, *, finished:
     rest of the epoch are equal. Refused where a unit's
     remaining samples cannot be split at a router.
     """
-    layout = state["layout"]
-    saved = int(layout.get("units", layout["logical_shards"]))
+    saved = state.units
     if units % saved:
         raise LayoutError(f"the snapshot's {saved} units cannot be split into {units}")
     if units != saved and not finished:
         _check_splittable(topology, saved, units)
-        check_one_pass(state["shards"], topology.routers)
-    copies = state.get("upstream") or []
+        check_one_pass(state.shards, topology.routers)
+    copies = state.upstream
     starts = _starts(copies)
     moved: dict[str, dict[int, int]] = {}
     if rebalance and not finished and len(starts) == 1:
         path = next(iter(starts))
-        levels = next(c["routers"][path].get("deal") for c in copies if path in (c.get("routers") or {}))
-        moved[path] = _evening(Deal(saved, levels), path, starts[path], state["shards"], units, ranks, ahead)
+        levels = next(c.routers[path].deal for c in copies if path in c.routers)
+        moved[path] = _evening(Deal(saved, levels), path, starts[path], state.shards, units, ranks, ahead)
     upstream = [_split_copy(copy, saved, units, starts, moved) for copy in copies]
     _hand_over(upstream)
-    shards = list(state["shards"]) + [_ended_like(state["shards"][sub % saved], sub) for sub in range(saved, units)]
-    return {**state, "layout": {**layout, "units": units}, "upstream": upstream, "shards": shards,
-            "merge": None, "ranks": [{**rank, "merge": None} for rank in state.get("ranks", [])]}
+    shards = list(state.shards) + [_ended_like(state.shards[sub % saved], sub) for sub in range(saved, units)]
+    return replace(state, layout={**state.layout, "units": units}, upstream=upstream, shards=shards, merge=None,
+                   ranks=[replace(rank, merge=None) for rank in state.ranks])
 
 
 #: How far (in samples of a sharding point) evening out the ranks' shares may look.
 _EVENING_LIMIT = 1 << 16
 
 
-def _evening(deal: Deal, router: str, starts: Mapping[int, int], records: list[Any], units: int,
+def _evening(deal: Deal, router: str, starts: Mapping[int, int], records: list[ShardState | None], units: int,
              ranks: int, ahead: Sequence[int] = ()) -> dict[int, int]:
     """The samples to move so that every rank has as many samples left in the epoch: those
     already produced for a unit and saved with it (``in_flight``) count for the unit's rank, as
@@ -87,11 +88,11 @@ def _evening(deal: Deal, router: str, starts: Mapping[int, int], records: list[A
     ended: set[int] = set()
     for unit, record in enumerate(records[:saved]):
         if record is not None:
-            waiting[unit % ranks] += round(len(record.get("in_flight") or []) * _inputs_per_output(record, router))
-            if record.get("exhausted"):
+            waiting[unit % ranks] += round(len(record.in_flight) * _inputs_per_output(record, router))
+            if record.graph_exhausted:
                 ended.update(range(unit, units, saved))
     if any(ahead):
-        ratios = [_inputs_per_output(r, router) for r in records[:saved] if r is not None and r.get("produced")]
+        ratios = [_inputs_per_output(r, router) for r in records[:saved] if r is not None and r.produced]
         ratio = sum(ratios) / len(ratios) if ratios else 1.0
         waiting = [n + round(a * ratio) for n, a in zip(waiting, list(ahead) + [0] * ranks)]
     first, last = min(starts.values()), max(starts.values())
@@ -118,12 +119,11 @@ def _evening(deal: Deal, router: str, starts: Mapping[int, int], records: list[A
     return moved
 
 
-def _ended_like(parent: Mapping[str, Any] | None, sub: int) -> dict[str, Any] | None:
+def _ended_like(parent: ShardState | None, sub: int) -> ShardState | None:
     """A new sub-unit's record: none (it starts fresh), or ended where its parent had ended."""
-    if parent is None or not parent.get("exhausted"):
+    if parent is None or not parent.graph_exhausted:
         return None
-    return {"produced": None, "exhausted": True, "nodes": {}, "plan": {}, "rng": None, "persistent": {},
-            "shard": sub, "yielded": 0, "in_flight": [], "finished": True}
+    return ShardState(produced=None, graph_exhausted=True, shard=sub, finished=True)
 
 
 def _check_splittable(topology: Topology, saved: int, units: int) -> None:
@@ -136,61 +136,59 @@ def _check_splittable(topology: Topology, saved: int, units: int) -> None:
             f"(the next epoch is split into {units} sub-shards from its start)")
 
 
-def _starts(copies: list[Mapping[str, Any]]) -> dict[str, dict[int, int]]:
+def _starts(copies: list[UpstreamState]) -> dict[str, dict[int, int]]:
     """Per router, where each unit splits: the next sample its owner's router would give it."""
     starts: dict[str, dict[int, int]] = {}
     for copy in copies:
-        for path, state in (copy.get("routers") or {}).items():
-            nexts = {int(s): int(i) for s, i in state["next"].items()}
-            starts.setdefault(path, {}).update({int(s): nexts[int(s)] for s in copy["shards"]})
+        for path, state in copy.routers.items():
+            starts.setdefault(path, {}).update({int(s): state.next_for(int(s)) for s in copy.shards})
     return starts
 
 
-def _split_copy(copy: Mapping[str, Any], saved: int, units: int, starts: Mapping[str, Mapping[int, int]],
-                moved: Mapping[str, Mapping[int, int]]) -> dict[str, Any]:
+def _split_copy(copy: UpstreamState, saved: int, units: int, starts: Mapping[str, Mapping[int, int]],
+                moved: Mapping[str, Mapping[int, int]]) -> UpstreamState:
     """One saved copy of the part above the sharding point, its routers dealing to ``units``."""
-    owned = [int(s) for s in copy["shards"]]
+    owned = [int(s) for s in copy.shards]
     routers = {}
-    for path, state in (copy.get("routers") or {}).items():
-        deal = Deal(saved, state.get("deal")).split(units, starts[path], moved.get(path))
-        saved_queues = {int(s): q for s, q in state["queues"].items()}
-        queues: dict[int, list[list[Any]]] = {}
-        next_of: dict[int, int] = {}
+    for path, state in copy.routers.items():
+        deal = Deal(saved, state.deal).split(units, starts[path], moved.get(path))
+        saved_queues = {int(s): q for s, q in state.queues.items()}
+        queues: dict[Any, list[Any]] = {}
+        next_of: dict[Any, int] = {}
         for shard in owned:
             for sub in range(shard, units, saved):
                 queues[sub] = []
-                next_of[sub] = int(state["next"][shard] if shard in state["next"] else state["next"][str(shard)])
+                next_of[sub] = state.next_for(shard)
             for index, item in saved_queues[shard]:
                 queues.setdefault(deal.unit(int(index)), []).append([index, item])
-        routers[path] = {**state, "deal": deal.state(), "next": next_of, "queues": queues}
+        routers[path] = replace(state, deal=deal.state(), next=next_of, queues=queues)
     subs = [sub for shard in owned for sub in range(shard, units, saved)]
-    return {**copy, "shards": sorted(subs), "routers": routers}
+    return replace(copy, shards=sorted(subs), routers=routers)
 
 
-def _inputs_per_output(record: Mapping[str, Any], router: str) -> float:
+def _inputs_per_output(record: ShardState, router: str) -> float:
     """How many samples of the sharding point a unit's output took, on average so far."""
-    read = int(((record.get("nodes") or {}).get(router) or {}).get("yielded") or 0)
-    produced = record.get("produced")
+    read = record.read_from(router)
+    produced = record.produced
     return read / produced if isinstance(produced, int) and produced > 0 and read else 1.0
 
 
-def _hand_over(copies: list[dict[str, Any]]) -> None:
+def _hand_over(copies: list[UpstreamState]) -> None:
     """Queued samples moved to a unit another copy owns go to that copy's queue (in order)."""
-    owner = {int(s): copy for copy in copies for s in copy["shards"]}
+    owner = {int(s): copy for copy in copies for s in copy.shards}
     for copy in copies:
-        mine = set(copy["shards"])
-        for path, state in copy["routers"].items():
-            for unit in [u for u in state["queues"] if u not in mine]:
-                queue = owner[unit]["routers"][path]["queues"][unit]
-                queue.extend(state["queues"].pop(unit))
+        mine = set(copy.shards)
+        for path, state in copy.routers.items():
+            for unit in [u for u in state.queues if u not in mine]:
+                queue = owner[unit].routers[path].queues[unit]
+                queue.extend(state.queues.pop(unit))
                 queue.sort(key=lambda entry: int(entry[0]))
 
 
-def epoch_finished(state: Mapping[str, Any]) -> bool:
+def epoch_finished(state: ServiceState) -> bool:
     """Whether the saved epoch had ended: the loader had taken the last sample of every unit, or
     a distributed policy had ended it on every rank."""
-    saved = [r.get("even_batches") for r in state.get("ranks", [])] or [state.get("even_batches")]
-    if any(record and record.get("ended") for record in saved):
+    if saved_ended(state):
         return True
-    shards = [record for record in state.get("shards") or [] if record is not None]
-    return bool(shards) and all(shard_finished(record) for record in shards)
+    shards = [record for record in state.shards if record is not None]
+    return bool(shards) and all(record.taken_all for record in shards)

@@ -28,14 +28,13 @@ from snapshot.execution import Run, capture_persistent, restore_persistent
 from snapshot.graph import ROOT, Graph
 from snapshot.plan import RestoreStrategy, make_plan
 from snapshot.randomness import EpochSeeds
-from snapshot.reading_service._merge import RoundRobin
+from snapshot.reading_service._engine import counts
+from snapshot.reading_service._merge import CONSUMED, RoundRobin
 from snapshot.reading_service._rng import GlobalRNG, plain_rng, raw_from_plain, raw_rng, seeded_rng, set_raw_rng
+from snapshot.schema.state import NodeState, TailState
 from snapshot.sharding import Topology
 
-__all__ = ["TAIL", "Tail", "check_restarted"]
-
-#: The service checkpoint's key for the tail's state: ``{"nodes", "persistent", "rng"}``.
-TAIL = "tail"
+__all__ = ["Tail", "check_restarted"]
 
 _RNG_SALT = 0x7A11_5EED_0F_7A11  # the tail's generators are seeded apart from the shards'
 
@@ -85,8 +84,9 @@ class Tail(Iterator[Any]):
         self.buffer_state = buffer_state
         self._run: Run | None = None
         self._rng: Any = None
+        self._planned: tuple[TailState, RestoreStrategy, Any] | None = None
 
-    def restarts_epoch(self, saved: Mapping[str, Any] | None, strategy: RestoreStrategy) -> bool:
+    def restarts_epoch(self, saved: TailState | None, strategy: RestoreStrategy) -> bool:
         """Whether restoring ``saved`` needs the merged stream from the start of the epoch."""
         if saved is None:
             raise RestoreError("the snapshot holds no state for the part of the graph below a non-replicable "
@@ -94,11 +94,15 @@ class Tail(Iterator[Any]):
                                "graph or another version: restore onto the layout it was taken with")
         return self._plan(saved, strategy).reaches_ports
 
-    def _plan(self, saved: Mapping[str, Any], strategy: RestoreStrategy) -> Any:
-        counts = {p: r["yielded"] for p, r in saved["nodes"].items()}
-        return make_plan(self.graph, counts, strategy, sinks=[ROOT], ports=frozenset({self.merge_point}))
+    def _plan(self, saved: TailState, strategy: RestoreStrategy) -> Any:
+        """The restore plan of ``saved`` (made once: :meth:`restarts_epoch` and :meth:`start` both need it)."""
+        if self._planned is None or self._planned[0] is not saved or self._planned[1] is not strategy:
+            plan = make_plan(self.graph, counts(saved.nodes), strategy, sinks=[ROOT],
+                             ports=frozenset({self.merge_point}))
+            self._planned = (saved, strategy, plan)
+        return self._planned[2]
 
-    def start(self, seeds: EpochSeeds, merge: RoundRobin, saved: Mapping[str, Any] | None = None,
+    def start(self, seeds: EpochSeeds, merge: RoundRobin, saved: TailState | None = None,
               strategy: RestoreStrategy = RestoreStrategy.AUTO, *, restarted: bool = False) -> None:
         """Start the epoch over ``merge``, or put the tail back where ``saved`` was (``restarted``:
         the shards started the epoch again, and the tail replays through them)."""
@@ -107,14 +111,13 @@ class Tail(Iterator[Any]):
         records = plan = None
         port = MergePort(merge)
         if saved is not None:
-            restore_persistent(self.graph, saved.get("persistent", {}))
-            records, plan = saved["nodes"], self._plan(saved, strategy)
+            restore_persistent(self.graph, saved.persistent)
+            records, plan = saved.nodes, self._plan(saved, strategy)
             if not restarted:
-                port.yielded = int(records.get(self.merge_point, {}).get("yielded") or 0)
+                port.yielded = _yielded(records, self.merge_point)
             else:
                 _log.info("restore: the part below the non-replicable pipe has a pipe without a state hook, so "
-                          "the epoch restarts and %d samples of it are replayed",
-                          int(records.get(ROOT, {}).get("yielded") or 0))
+                          "the epoch restarts and %d samples of it are replayed", _yielded(records, ROOT))
         caller = raw_rng() if self.isolate else None
         if self.isolate:  # a replay starts from the epoch's generator states, then the saved ones apply
             set_raw_rng(seeded_rng(_rng_seed(seeds)))
@@ -123,7 +126,7 @@ class Tail(Iterator[Any]):
                             buffer_state=self.buffer_state)
         finally:
             if caller is not None:
-                plain = (saved or {}).get("rng")
+                plain = saved.rng if saved is not None else None
                 self._rng = raw_from_plain(plain) if plain else raw_rng()
                 set_raw_rng(caller)
 
@@ -148,16 +151,21 @@ class Tail(Iterator[Any]):
             return 0, False
         return self._run.yielded, self._run.exhausted
 
-    def capture(self) -> dict[str, Any]:
+    def capture(self) -> TailState:
         assert self._run is not None
         persistent = {p: s for p, s in capture_persistent(self.graph).items() if p in self.topology.tail}
-        return {"nodes": self._run.capture(), "persistent": persistent,
-                "rng": plain_rng(self._rng) if self.isolate else None}
+        return TailState(nodes=self._run.capture(), persistent=persistent,
+                         rng=plain_rng(self._rng) if self.isolate else None)
 
     def close(self) -> None:
         if self._run is not None:
             self._run.close()
         self._run = None
+
+
+def _yielded(records: Mapping[str, NodeState], path: str) -> int:
+    record = records.get(path)
+    return int(record.yielded or 0) if record is not None else 0
 
 
 def _rng_seed(seeds: EpochSeeds) -> int:
@@ -169,7 +177,7 @@ def check_restarted(merge: RoundRobin, saved_merge: Mapping[str, Any] | None) ->
     given it when the snapshot was taken."""
     if saved_merge is None:
         return
-    want = {int(s): int(n) for s, n in saved_merge["consumed"].items()}
+    want = {int(s): int(n) for s, n in saved_merge[CONSUMED].items()}
     have = {s: n for s, n in merge.consumed.items() if s in want}
     if have != want:
         raise RestoreError(

@@ -31,7 +31,8 @@ from snapshot.errors import ExecutionError
 from snapshot.graph import ROOT, Graph
 from snapshot.plan import RestoreStrategy
 from snapshot.randomness import EpochSeeds, SeedGenerator
-from snapshot.reading_service._engine import ShardEngine
+from snapshot.reading_service._engine import EngineState, ShardEngine
+from snapshot.schema import ServiceState
 from snapshot.sharding import WorkerInfo
 
 __all__ = ["RESET_FN", "ResetEngine", "callable_name", "reset_generator", "same_layout_problems"]
@@ -50,15 +51,17 @@ def callable_name(fn: Any) -> str:
     return f"{getattr(inner, '__module__', '?')}.{getattr(inner, '__qualname__', type(inner).__name__)}"
 
 
-def same_layout_problems(saved: Mapping[str, Any], current: Mapping[str, Any] | None,
+def same_layout_problems(saved: ServiceState | Mapping[str, Any], current: Mapping[str, Any] | None,
                          ranks: int | None = None) -> list[str]:
     """Why a snapshot cannot restore onto a service, as far as a ``worker_reset_fn`` goes.
 
-    ``saved`` is the snapshot's layout; ``current`` is the service's :data:`RESET_FN` record
+    ``saved`` is the snapshot's service record (or its layout); ``current`` is the service's :data:`RESET_FN` record
     (``None`` when it calls no such function); ``ranks``, when given, the number of ranks the
     restore runs on (a distributed service passes it).
     """
-    before = saved.get(RESET_FN)
+    if not isinstance(saved, ServiceState):
+        saved = ServiceState(service="", layout=dict(saved), shards=[])
+    before = saved.layout.get(RESET_FN)
     if before is None and current is None:
         return []
     if before is None:
@@ -78,7 +81,7 @@ def same_layout_problems(saved: Mapping[str, Any], current: Mapping[str, Any] | 
         return [f"{why} (this service has num_workers={current['num_workers']})"]
     if current["function"] != before["function"]:
         return [f"{why} (this service calls worker_reset_fn={current['function']})"]
-    saved_ranks = int(saved.get("ranks", 1))
+    saved_ranks = saved.world
     if ranks is not None and ranks != saved_ranks:
         return [f"{why} (the snapshot was taken on {saved_ranks} rank(s), this restore runs on {ranks})"]
     return []
@@ -109,7 +112,7 @@ class ResetEngine(ShardEngine):
         # worker_init_fn may wrap the sink (torchdata 0.9's tests add a sharding_filter there)
         self._sink_at = first.path_of(self.graph.sink) if first.contains(self.graph.sink) else ROOT
 
-    def start(self, seeds: EpochSeeds, restore: Mapping[str, Any] | None = None,
+    def start(self, seeds: EpochSeeds, restore: EngineState | None = None,
               strategy: RestoreStrategy = RestoreStrategy.AUTO) -> None:
         self.close()
         for path, seed in seeds.shared.items():  # the part above the sharding point runs on self.graph

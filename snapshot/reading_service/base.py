@@ -25,23 +25,44 @@ nothing else runs as it did, and the first attempt to snapshot it raises a
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from snapshot import schema
 from snapshot.errors import SnapshotError
 from snapshot.randomness import SeedGenerator
 
-__all__ = ["ReadingServiceInterface", "ServiceCheckpoint", "ServiceState"]
+__all__ = ["ReadingServiceInterface", "ServiceCheckpoint", "as_record"]
 
-#: A service's checkpoint: plain nested dicts. Keys used by every service:
-#: ``"service"`` (class name), ``"layout"`` (workers, ranks, logical shards: JSON-able),
-#: ``"seeds"`` (this epoch's seeds per node path), ``"shards"`` (per logical shard:
-#: ``"yielded"``, ``"exhausted"``, ``"nodes"`` = {path: {"yielded": n, ...}}).
+#: A service's checkpoint, as plain nested dicts: what :meth:`snapshot.schema.ServiceState.to_dict`
+#: gives, and what it reads (``service``, ``layout`` and ``shards`` at least; see that record for
+#: every field). Code reads it through that record, never by its keys.
 ServiceCheckpoint = dict[str, Any]
-#: The earlier name of :data:`ServiceCheckpoint`, kept for code that imports it. (The saved,
-#: validated frame of this dict is :class:`snapshot.schema.ServiceState`.)
-ServiceState = ServiceCheckpoint
+
+
+def as_record(state: ServiceCheckpoint | schema.ServiceState) -> schema.ServiceState:
+    """A (non-empty) checkpoint as its typed record: a record as it is, a dict read and checked.
+
+    The loader passes the built-in services the record it read from the snapshot; a dict comes
+    from code that calls ``restore``/``validate`` itself.
+    """
+    if isinstance(state, schema.ServiceState):
+        return state
+    record = schema.ServiceState.from_dict(state)
+    if record is None:
+        raise ValueError("an empty checkpoint ({}: taken before the first epoch) has no record")
+    return record
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ServiceState":  # the dict's earlier name; the record is snapshot.schema.ServiceState
+        warnings.warn("snapshot.reading_service.ServiceState is deprecated: the dict a checkpoint() returns is "
+                      "ServiceCheckpoint, and its typed record is snapshot.schema.ServiceState",
+                      DeprecationWarning, stacklevel=2)
+        return ServiceCheckpoint
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ReadingServiceInterface(ABC):
@@ -51,6 +72,10 @@ class ReadingServiceInterface(ABC):
     the unconfigured service in each snapshot so that ``DataLoader2.from_snapshot`` can make
     the same kind of service again.
     """
+
+    #: Whether :meth:`restore` and :meth:`validate` take the snapshot's typed record
+    #: (:class:`snapshot.schema.ServiceState`, as the loader read it) instead of the plain dict.
+    reads_records: bool = False
 
     @abstractmethod
     def initialize(self, datapipe: Any) -> Iterable[Any]:
@@ -72,8 +97,9 @@ class ReadingServiceInterface(ABC):
         """The running epoch's exact state; ``{}`` before the first epoch."""
         raise self._not_checkpointable("save a snapshot", "checkpoint")
 
-    def restore(self, datapipe: Any, state: ServiceCheckpoint, *, strategy: Any = "auto") -> Iterable[Any]:
-        """Prepare ``datapipe`` and position it where ``state`` was taken."""
+    def restore(self, datapipe: Any, state: ServiceCheckpoint | schema.ServiceState, *,
+                strategy: Any = "auto") -> Iterable[Any]:
+        """Prepare ``datapipe`` and position it where ``state`` was taken (its record, when :attr:`reads_records`)."""
         raise self._not_checkpointable("restore a snapshot", "restore")
 
     def _not_checkpointable(self, action: str, method: str) -> SnapshotError:
@@ -83,6 +109,6 @@ class ReadingServiceInterface(ABC):
             f"Implement checkpoint() and restore() in {name} (see snapshot.ReadingServiceInterface), "
             "or use one of snapshot's reading services, which all can.")
 
-    def validate(self, state: ServiceCheckpoint) -> list[str]:
+    def validate(self, state: ServiceCheckpoint | schema.ServiceState) -> list[str]:
         """Problems that would stop :meth:`restore` (checked before anything changes)."""
         return []

@@ -41,12 +41,13 @@ from snapshot.graph import Graph
 from snapshot.multipart import distributed_manifest, part_info
 from snapshot.plan import RestoreStrategy
 from snapshot.randomness import SeedGenerator
-from snapshot.reading_service._even import EvenBatches, First, deal, saved_first, saved_last
+from snapshot.reading_service._even import FIRST, EvenBatches, First, deal, saved_first, saved_last
 from snapshot.reading_service._sharded import ShardedService, resolve_logical_shards
 from snapshot.reading_service._split import epoch_units, restore_units
 from snapshot.reading_service._worker_reset import same_layout_problems
-from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint
+from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint, as_record
 from snapshot.reading_service.in_process import InProcessReadingService
+from snapshot.schema import ServiceState
 from snapshot.sharding import analyze
 
 __all__ = ["Collective", "DistributedReadingService"]
@@ -162,6 +163,8 @@ class DistributedReadingService(ReadingServiceInterface):
             sets it.
     """
 
+    reads_records = True
+
     def __init__(self, timeout: float = 1800.0, *, logical_shards: int | None = None,
                  even_batches: str | None = "drop", executor: ShardedService | None = None):
         if not dist.is_available():
@@ -270,23 +273,25 @@ class DistributedReadingService(ReadingServiceInterface):
     # -- checkpoint / restore -----------------------------------------------------------------
 
     def checkpoint(self) -> ServiceCheckpoint:
-        state = self.executor.checkpoint()
-        if state:
-            collective = self._connect()
-            state["service"] = type(self).__name__
-            state["layout"] = {**state["layout"], "ranks": collective.world, "rank": collective.rank,
-                               "even_batches": self.even_batches}
-            record = self._even.state() if self._even is not None else EvenBatches.initial()
-            record["first"] = list(self._stream.items) if isinstance(self._stream, First) else list(self._first)
-            state["even_batches"] = record
-        return state
+        state = self.executor.record()
+        if state is None:
+            return {}
+        collective = self._connect()
+        state.service = type(self).__name__
+        state.layout = {**state.layout, "ranks": collective.world, "rank": collective.rank,
+                        "even_batches": self.even_batches}
+        record = self._even.state() if self._even is not None else EvenBatches.initial()
+        record[FIRST] = list(self._stream.items) if isinstance(self._stream, First) else list(self._first)
+        state.even_batches = record
+        return state.to_dict()
 
-    def validate(self, state: ServiceCheckpoint) -> list[str]:
+    def validate(self, state: ServiceCheckpoint | ServiceState) -> list[str]:
+        state = as_record(state)
         problems = self.executor.validate(state)
         world = self._connect().world
-        problems += [p for p in same_layout_problems(state["layout"], self.executor._reset_layout(), ranks=world)
+        problems += [p for p in same_layout_problems(state, self.executor._reset_layout(), ranks=world)
                      if p not in problems]  # a worker_reset_fn's snapshot restores on its own ranks only
-        saved = int(state["layout"].get("units", state["layout"]["logical_shards"]))
+        saved = state.units
         mine = restore_units(saved, world) // world
         workers = self.executor.workers
         if workers > mine:
@@ -294,15 +299,17 @@ class DistributedReadingService(ReadingServiceInterface):
                             f"snapshot, which cannot keep {workers} workers per rank busy; use at most {mine}")
         return problems
 
-    def restore(self, datapipe: Any, state: ServiceCheckpoint, *, strategy: Any = RestoreStrategy.AUTO) -> _Output:
-        if not state:
+    def restore(self, datapipe: Any, state: ServiceCheckpoint | ServiceState | None, *,
+                strategy: Any = RestoreStrategy.AUTO) -> _Output:
+        state = as_record(state) if state else None
+        if state is None:
             if self.executor._executor is None:
                 self.initialize(datapipe)
             return _Output(self)
         collective = self._connect()
-        saved = int(state["layout"].get("units", state["layout"]["logical_shards"]))
+        saved = state.units
         units = restore_units(saved, collective.world)
-        saved_ranks = int(state["layout"].get("ranks", 1))
+        saved_ranks = state.world
         if saved_ranks != collective.world:
             _log.info("re-sharding: %d unit(s) saved on %d rank(s) now run as %d on %d; rank %d owns %s",
                       saved, saved_ranks, units, collective.world, collective.rank, self.owned(units))

@@ -33,7 +33,8 @@ from snapshot.reading_service._pool import WorkerPool
 from snapshot.reading_service._rng import GlobalRNG
 from snapshot.reading_service._sharded import Executor, LocalExecutor, ShardedService
 from snapshot.reading_service._worker_reset import RESET_FN, callable_name
-from snapshot.reading_service.base import ServiceCheckpoint
+from snapshot.reading_service.base import ServiceCheckpoint, as_record
+from snapshot.schema import ServiceState
 from snapshot.sharding import Topology, WorkerInfo, analyze
 
 __all__ = ["MultiProcessingReadingService"]
@@ -170,9 +171,9 @@ class MultiProcessingReadingService(ShardedService):
             layout[RESET_FN] = self._reset_layout()
         return layout
 
-    def validate(self, state: ServiceCheckpoint) -> list[str]:
+    def validate(self, state: ServiceCheckpoint | ServiceState) -> list[str]:
         problems = super().validate(state)
-        saved = int(state["layout"].get("units", state["layout"]["logical_shards"]))
+        saved = as_record(state).units
         if self.num_workers > saved:
             problems.append(f"the snapshot has {saved} logical shard(s), which cannot keep {self.num_workers} "
                             f"workers busy: each logical shard runs in one worker, so a restore runs at most "

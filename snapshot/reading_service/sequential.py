@@ -62,13 +62,17 @@ class SequentialReadingService(ReadingServiceInterface):
     def finalize(self) -> None:
         self.inner.finalize()
 
+    @property
+    def reads_records(self) -> bool:  # type: ignore[override]
+        return self.inner.reads_records
+
     def checkpoint(self) -> ServiceCheckpoint:
         return self.inner.checkpoint()
 
-    def validate(self, state: ServiceCheckpoint) -> list[str]:
+    def validate(self, state: Any) -> list[str]:
         return self.inner.validate(state)
 
-    def restore(self, datapipe: Any, state: ServiceCheckpoint, *,
+    def restore(self, datapipe: Any, state: Any, *,
                 strategy: Any = RestoreStrategy.AUTO) -> Iterable[Any]:
         return self.inner.restore(datapipe, state, strategy=strategy)
 

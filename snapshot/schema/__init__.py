@@ -32,15 +32,23 @@ round-trips.
     ├── ranks: [RankPosition]         directory index only: each rank's LoaderPosition
     └── parts: [PartRecord]           directory index only: each rank's file, size, sha256
 
-    SavedState                        the loader's state inside the (pickled) payload
+    SavedState                        the loader's state inside the payload (schema.saved)
+    ├── ranks: [RankState]            a distributed snapshot joined from its parts
     └── service: ServiceState         the reading service's checkpoint ({} before epoch 0)
-        └── shards: [dict | None]     per logical shard: its service's record (nodes, plan, ...)
+        ├── seeds: SeedsState
+        ├── upstream: [UpstreamState] routers: {path: RouterState}, nodes: {path: NodeState}
+        ├── tail: TailState | None    the part below a non-replicable pipe: nodes: {path: NodeState}
+        └── shards: [ShardState|None] per logical shard: plan (PlanState), nodes ({path: NodeState})
+
+The payload's records (:mod:`~snapshot.schema.state`, :mod:`~snapshot.schema.saved`) are the only
+readers of its keys: code elsewhere reads their attributes.
 
 Two ideas that look alike: in the payload a shard record says ``exhausted`` when the shard's
-graph has produced its last sample, and ``finished`` when the loader has also taken that
-sample (nothing in flight). The manifest shows only the second, as ``shards[i].exhausted``
-(:func:`shard_finished` reads it from a record; names kept for compatibility with files
-already written).
+graph has produced its last sample (:attr:`ShardState.graph_exhausted`), and ``finished`` when the
+loader has also taken that sample, nothing in flight (:attr:`ShardState.finished`). The manifest
+shows only the second, as ``shards[i].exhausted`` (:attr:`ShardState.taken_all` and
+:func:`shard_finished` read it from a record; names kept for compatibility with files already
+written).
 
 The package imports neither torch nor dill: the command line uses it to inspect files. Its modules:
 :mod:`~snapshot.schema._fields` (constants and the field readers), :mod:`~snapshot.schema.layout`
@@ -56,35 +64,44 @@ from snapshot.schema.positions import (
     NodePosition,
     PlanSummary,
     RouterPosition,
-    SavedState,
-    ServiceState,
     ShardPosition,
     UpstreamPosition,
     VerifyRecord,
     shard_finished,
 )
+from snapshot.schema.saved import RankServiceState, RankState, SavedState, ServiceState
+from snapshot.schema.state import NodeState, PlanState, RouterState, SeedsState, ShardState, TailState, UpstreamState
 
 __all__ = [
-    "FORMAT_VERSION",
     "Driver",
+    "FORMAT_VERSION",
     "GraphDesc",
     "LoaderPosition",
     "Manifest",
     "NodeDesc",
     "NodePosition",
+    "NodeState",
     "Owner",
     "PartRecord",
     "PayloadRecord",
     "PickledValue",
+    "PlanState",
     "PlanSummary",
-    "RankPosition",
     "Randomness",
+    "RankPosition",
+    "RankServiceState",
+    "RankState",
     "RouterPosition",
+    "RouterState",
     "SavedState",
+    "SeedsState",
     "ServiceLayout",
     "ServiceState",
     "ShardPosition",
+    "ShardState",
+    "TailState",
     "UpstreamPosition",
+    "UpstreamState",
     "VerifyRecord",
     "check_format",
     "part_name",

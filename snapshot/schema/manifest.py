@@ -25,7 +25,8 @@ from snapshot.schema._fields import (
     check_format,
 )
 from snapshot.schema.layout import GraphDesc, LoaderPosition, Randomness, RankPosition, ServiceLayout
-from snapshot.schema.positions import NodePosition, SavedState, ShardPosition, UpstreamPosition, VerifyRecord
+from snapshot.schema.positions import NodePosition, ShardPosition, UpstreamPosition, VerifyRecord
+from snapshot.schema.saved import SavedState
 
 _SAVE_ID = re.compile(r"[0-9a-f]{12,32}")
 
@@ -310,7 +311,7 @@ class Manifest:
         for i, (shard, record) in enumerate(zip(self.shards, records)):
             pairs.append((f"shards[{i}]", shard is None, record is None))
             if shard is not None and record is not None:
-                pairs.append((f"shards[{i}].yielded", shard.yielded, record.get("yielded", 0)))
+                pairs.append((f"shards[{i}].yielded", shard.yielded, record.yielded))
         for where, shown, saved in pairs:
             if shown != saved:
                 raise ManifestError(where, f"what the payload's state says ({_show(saved)}): the manifest "

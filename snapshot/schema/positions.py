@@ -11,22 +11,17 @@ from snapshot.schema._fields import (
     RESTORE_METHODS,
     SHARD_FINISHED,
     SHARD_PRODUCED_ALL,
-    SHARDED_SERVICES,
     _bool,
     _by_path,
     _choice,
     _fail,
     _Fields,
     _int,
-    _list,
-    _object,
-    _optional,
     _records,
-    _seed,
     _str,
     _texts,
 )
-from snapshot.schema.layout import LoaderPosition, ServiceLayout, _shard_keys
+from snapshot.schema.layout import _shard_keys
 
 
 @dataclass(frozen=True)
@@ -197,112 +192,6 @@ def shard_finished(record: Mapping[str, Any]) -> bool:
     return bool(record.get(SHARD_FINISHED, record.get(SHARD_PRODUCED_ALL, False)))
 
 
-@dataclass(frozen=True)
-class ServiceState:
-    """A reading service's checkpoint, as it travels in the payload (``{}`` before the first epoch).
-
-    Only its frame is typed here: the layout and one record (or ``None``) per logical shard
-    (required of the built-in services, and of any service whose layout names
-    ``logical_shards``). The records' contents belong to the service that wrote them.
-    """
-
-    service: str
-    layout: dict[str, Any]
-    shards: tuple[dict[str, Any] | None, ...]
-    upstream: tuple[dict[str, Any], ...]
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_dict(cls, value: Any, where: str = "state.service") -> ServiceState | None:
-        if isinstance(value, dict) and not value:
-            return None
-        f = _Fields(value, where)
-        state = cls(service=f.required("service", _str), layout=f.required("layout", _object_copy),
-                    shards=f.required("shards", lambda v, w: _records(v, w, _optional(_object_copy))),
-                    upstream=f.get("upstream", lambda v, w: _records(v, w, _object_copy), ()),
-                    extra=f.extra())
-        if state.service not in SHARDED_SERVICES and "logical_shards" not in state.layout:
-            return state  # a service of the user's own: its layout is its business
-        count = _int(state.layout.get("logical_shards"), f"{where}.layout.logical_shards", minimum=1)
-        if "name" in state.layout:
-            raise _fail(f"{where}.layout", "no 'name' (the service's name is state.service.service)", "name")
-        layout = ServiceLayout.from_dict({"name": state.service, **state.layout}, f"{where}.layout")
-        units = layout.units or count
-        if len(state.shards) != units:
-            what = "logical shard" if units == count else "logical shard or sub-shard"
-            raise _fail(f"{where}.shards", f"{units} records (one per {what})",
-                        f"{len(state.shards)}")
-        for i, record in enumerate(state.shards):
-            if record is not None:  # the figures the manifest shows of it
-                _Fields(record, f"{where}.shards[{i}]").get("yielded", _int, 0)
-        return state
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"service": self.service, "layout": dict(self.layout), **self.extra,
-                "upstream": list(self.upstream), "shards": list(self.shards)}
-
-
-def _object_copy(value: Any, where: str) -> dict[str, Any]:
-    return dict(_object(value, where))
-
-
-def _words(value: Any, where: str, count: int) -> list[int]:
-    words = _list(value, where)
-    if len(words) != count:
-        raise _fail(where, f"{count} 32-bit words", value)
-    return [_int(word, f"{where}[{i}]", maximum=2**32 - 1) for i, word in enumerate(words)]
-
-
-def _philox(value: Any, where: str) -> dict[str, Any]:
-    f = _Fields(value, where)
-    return {"key": f.required("key", lambda v, w: _words(v, w, 2)),
-            "counter": f.required("counter", lambda v, w: _words(v, w, 4)),
-            "cached": f.get("cached", lambda v, w: _words(v, w, 2), None),
-            "spawn_key": f.required("spawn_key", lambda v, w: _words(v, w, 2))}
-
-
-def _generator(value: Any, where: str) -> dict[str, Any]:
-    """The loader's seed generator (``snapshot.randomness.SeedGenerator.state()``): two Philox streams."""
-    f = _Fields(value, where)
-    return {"shared": f.required("shared", _philox), "shard": f.required("shard", _philox)}
-
-
-@dataclass(frozen=True)
-class SavedState:
-    """The loader's state in the payload: its position, randomness, lookahead and service state."""
-
-    position: LoaderPosition
-    seed: int | None
-    seed_given: bool
-    pending_seed: int | None
-    generator: dict[str, Any] | None
-    service: ServiceState | None
-    lookahead: tuple[Any, ...] = ()
-
-    @classmethod
-    def from_dict(cls, value: Any, where: str = "state") -> SavedState:
-        f = _Fields(value, where)
-        position = LoaderPosition(
-            epoch=f.required("epoch", lambda v, w: _int(v, w, minimum=-1)),
-            yielded=f.required("yielded", _int), epoch_finished=f.required("epoch_finished", _bool))
-        lookahead: list[Any] = f.get("lookahead", _list, [])
-        saved = cls(position=LoaderPosition(position.epoch, position.yielded, position.epoch_finished,
-                                            len(lookahead)),
-                    seed=f.get("seed", _seed, None),
-                    seed_given=f.get("seed_given", _bool, False),
-                    pending_seed=f.get("pending_seed", _seed, None),
-                    generator=f.get("generator", _generator, None),
-                    service=f.required("service", ServiceState.from_dict),
-                    lookahead=tuple(lookahead))
-        if position.epoch >= 0 and saved.generator is None:
-            raise _fail(f"{where}.generator", f"the seed generator of epoch {position.epoch} (every epoch has one)",
-                        None)
-        return saved
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"epoch": self.position.epoch, "yielded": self.position.yielded,
-                "epoch_finished": self.position.epoch_finished, "seed": self.seed,
-                "seed_given": self.seed_given, "pending_seed": self.pending_seed,
-                "generator": self.generator,
-                "service": {} if self.service is None else self.service.to_dict(),
-                "lookahead": list(self.lookahead)}
+# The payload's records moved to snapshot.schema.saved (with the records they nest, in
+# snapshot.schema.state); importable from here as before.
+from snapshot.schema.saved import SavedState, ServiceState  # noqa: E402,F401

@@ -11,11 +11,11 @@ from typing import Any
 
 from torch.utils.data.datapipes.utils.common import StreamWrapper
 
-from snapshot.hooks._base import ResumableIterator, Stateless
+from snapshot.hooks._base import DONE, PENDING, ResumableIterator, Stateless
 
 CURRENT = "current"
-DONE = "done"
-PENDING = "pending"
+#: Keys of a fork's or demux's container state (``INPUT_ENDED``: its input has ended).
+STARTED, QUEUES, USAGE, INPUT_ENDED, STOPPED = "started", "queues", "usage", "exhausted", "stopped"
 
 
 class ConcaterIterator(ResumableIterator):
@@ -233,15 +233,15 @@ class DemultiplexerContainer(_Container):
         return self._usage
 
     def get_state(self) -> dict[str, Any]:
-        return {"started": self._started, "queues": [list(q) for q in self._queues], "usage": self._usage,
-                "exhausted": self._exhausted, "stopped": list(self._stopped)}
+        return {STARTED: self._started, QUEUES: [list(q) for q in self._queues], USAGE: self._usage,
+                INPUT_ENDED: self._exhausted, STOPPED: list(self._stopped)}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        self._started = bool(state["started"])
-        self._queues = [deque(q) for q in state["queues"]]
-        self._usage = int(state["usage"])
-        self._exhausted = bool(state["exhausted"])
-        self._stopped = [bool(s) for s in state["stopped"]]
+        self._started = bool(state[STARTED])
+        self._queues = [deque(q) for q in state[QUEUES]]
+        self._usage = int(state[USAGE])
+        self._exhausted = bool(state[INPUT_ENDED])
+        self._stopped = [bool(s) for s in state[STOPPED]]
 
 
 class ChildIterator(Stateless):

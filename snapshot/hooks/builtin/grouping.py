@@ -5,11 +5,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from snapshot.hooks._base import ResumableIterator
+from snapshot.hooks._base import DONE, PENDING, ResumableIterator
 
 BATCH = "batch"
-DONE = "done"
-PENDING = "pending"
 ERROR = "error"
 GROUPS = "groups"
 SIZE = "size"

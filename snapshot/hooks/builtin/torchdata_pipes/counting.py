@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from snapshot.hooks._base import ResumableIterator, Stateless
+from snapshot.hooks._base import DONE, PENDING, ResumableIterator, Stateless
 from snapshot.hooks.builtin.sources import PositionedSource
 
 __all__ = ["COUNT", "DONE", "PENDING", "CyclerIterator", "EnumeratorIterator", "HeaderIterator", "IndexAdderIterator",
@@ -15,8 +15,6 @@ __all__ = ["COUNT", "DONE", "PENDING", "CyclerIterator", "EnumeratorIterator", "
 
 
 COUNT = "count"
-PENDING = "pending"
-DONE = "done"
 
 
 class HeaderIterator(ResumableIterator):

@@ -237,8 +237,10 @@ def test_a_buffer_by_address_does_not_grow_with_the_samples(tmp_path: Any) -> No
     factory = functools.partial(_big_shuffled, _big_corpus(str(tmp_path / "big")))
     by_value, by_address = _buffer_record(factory, "values", 30), _buffer_record(factory, "positions", 30)
     assert by_address["buffer_state"] == "positions" and by_address["buffered"] == 20
-    # 20 samples of ~4 KB by value; by address, a few hundred bytes each
-    assert by_value["state_bytes"] > 20 * 4000 > 4 * by_address["state_bytes"], (by_value, by_address)
+    # 20 samples of ~4 KB by value (equal strings are stored once, and these samples repeat 26 letters);
+    # by address, a few hundred bytes each
+    assert by_value["state_bytes"] > 10 * 4000 and by_value["state_bytes"] > 4 * by_address["state_bytes"], (
+        by_value, by_address)
 
 
 def _big_shuffled(root: str) -> Any:

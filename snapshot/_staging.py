@@ -36,6 +36,8 @@ except ImportError:  # pragma: no cover - numpy is optional
 __all__ = ["stage"]
 
 _IMMUTABLE = (bytes, str, int, float, complex, bool, type(None), range, enum.Enum)
+#: Leaves that are immutable by their exact type (a container of only these needs no walk).
+_ATOMS = frozenset({bytes, str, int, float, complex, bool, type(None)})
 
 
 def stage(value: Any) -> Any:
@@ -44,10 +46,14 @@ def stage(value: Any) -> Any:
     if kind in (bytes, str, int, float, bool, type(None)) or isinstance(value, _IMMUTABLE):
         return value
     if kind is list:
+        if all(type(x) in _ATOMS for x in value):  # positions, counts, seeds: a shallow copy is a deep one
+            return value.copy()
         return [stage(x) for x in value]
     if kind is dict:
         return {k: stage(v) for k, v in value.items()}
     if kind is tuple:
+        if all(type(x) in _ATOMS for x in value):  # immutable all the way down: shared
+            return value
         return tuple(stage(x) for x in value)
     if isinstance(value, deque):
         return deque((stage(x) for x in value), maxlen=value.maxlen)

@@ -58,6 +58,8 @@ _OWN_WRITE = 16 * 1024  # a payload this big is handed to ``write`` from its own
 _ITEMS = {list: LIST, tuple: TUPLE, set: SET, frozenset: FROZENSET}
 _NESTS = (list, tuple, dict, deque)  # the containers that can be part of a cycle
 _LENGTHS = [length(n) for n in range(253)]
+_INT64 = 2**63
+_INT_HEADS = [INT + length(n) for n in range(10)]
 _SMALL_INTS = {n: INT + length(len(int_bytes(n))) + int_bytes(n) for n in range(-128, 1024)}
 
 Handler = Callable[[Any, int], None]
@@ -170,11 +172,15 @@ class Encoder:
 
     def _int(self, value: int, depth: int) -> None:
         data = _SMALL_INTS.get(value)
-        if data is None:
+        if data is not None:
+            self._buffer += data
+        elif -_INT64 <= value < _INT64:  # the common case inline: one length byte, at most 8 bytes
+            size = value.bit_length() // 8 + 1
+            self._buffer += _INT_HEADS[size]
+            self._buffer += value.to_bytes(size, "little", signed=True)
+        else:
             data = int_bytes(value)
             self._payload(INT + length(len(data)), data)
-        else:
-            self._buffer += data
 
     def _float(self, value: float, depth: int) -> None:
         self._buffer += FLOAT

@@ -122,9 +122,9 @@ class Encoder:
         if torch is not None and kind is torch.Tensor:
             return self._tensor
         if torch is not None and kind is _data_chunk():
-            return self._chunk
+            return lambda value, depth: _chunk(self, value, depth)
         if kind is defaultdict:
-            return self._defaultdict
+            return lambda value, depth: _defaultdict(self, value, depth)
         return self._pickle
 
     def _small(self, data: bytes) -> None:
@@ -219,23 +219,6 @@ class Encoder:
             return
         self._small(_ITEMS[type(value)] + length(len(value)))
         self._each(value, depth, "member" if type(value) in (set, frozenset) else "item")
-
-    def _chunk(self, value: list[Any], depth: int) -> None:
-        # torch keeps the items twice (the list, and ``.items``): the copy is rebuilt, anything else is not data
-        extra = vars(value)
-        if depth >= MAX_DEPTH or set(extra) - {"items"} or not _same_items(extra.get("items", value), value):
-            self._pickle(value)
-            return
-        self._small(CHUNK + length(len(value)))
-        self._each(value, depth, "item")
-
-    def _defaultdict(self, value: defaultdict[Any, Any], depth: int) -> None:
-        factory = value.default_factory
-        if depth >= MAX_DEPTH or not any(factory is known for known in FACTORIES):
-            self._pickle(value)
-            return
-        self._small(DEFAULTDICT + length(next(i for i, known in enumerate(FACTORIES) if factory is known)))
-        self._dict(dict(value), depth)
 
     def _deque(self, value: deque[Any], depth: int) -> None:
         if depth >= MAX_DEPTH or id(value) in self._cyclic:
@@ -379,3 +362,22 @@ def _same_items(items: Any, chunk: list[Any]) -> bool:
 
 
 _ATOMS = (int, float, complex, str, bytes)
+
+
+def _chunk(encoder: Encoder, value: list[Any], depth: int) -> None:
+    # torch keeps the items twice (the list, and ``.items``): the copy is rebuilt, anything else is not data
+    extra = vars(value)
+    if depth >= MAX_DEPTH or set(extra) - {"items"} or not _same_items(extra.get("items", value), value):
+        encoder._pickle(value)
+        return
+    encoder._small(CHUNK + length(len(value)))
+    encoder._each(value, depth, "item")
+
+
+def _defaultdict(encoder: Encoder, value: defaultdict[Any, Any], depth: int) -> None:
+    factory = value.default_factory
+    if depth >= MAX_DEPTH or not any(factory is known for known in FACTORIES):
+        encoder._pickle(value)
+        return
+    encoder._small(DEFAULTDICT + length(next(i for i, known in enumerate(FACTORIES) if factory is known)))
+    encoder._dict(dict(value), depth)

@@ -19,8 +19,8 @@ import torch
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 import snapshot
-from snapshot import _staging
 from snapshot.reading_service import MultiProcessingReadingService
+from snapshot.storage import _staging
 from snapshot.testing import first_difference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -228,7 +228,7 @@ def test_interpreter_exit_waits_for_the_save(tmp_path) -> None:
     dest = tmp_path / "exit.snap"
     child = _script(tmp_path, "exit", str(dest), "0.5")
     assert child.wait(120) == 0
-    assert snapshot._sources.read_container(dest).manifest["loader"]["yielded"] == 1  # checked, not unpickled
+    assert snapshot.storage._sources.read_container(dest).manifest["loader"]["yielded"] == 1  # checked, not unpickled
 
 
 def test_a_kill_during_a_background_save_leaves_the_previous_snapshot(tmp_path) -> None:
@@ -243,4 +243,4 @@ def test_a_kill_during_a_background_save_leaves_the_previous_snapshot(tmp_path) 
     finally:
         child.kill()
         child.wait(30)
-    assert snapshot._sources.read_container(dest).manifest["loader"]["yielded"] == 1  # checked, not unpickled
+    assert snapshot.storage._sources.read_container(dest).manifest["loader"]["yielded"] == 1  # checked, not unpickled

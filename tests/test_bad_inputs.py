@@ -22,9 +22,11 @@ from typing import Any
 import pytest
 
 import snapshot
-from snapshot import _atomic, _dict_form, multipart
 from snapshot import format as fmt
+from snapshot import multipart
 from snapshot.cli import main as cli
+from snapshot.container import _dict_form
+from snapshot.storage import _atomic
 from tests import graphs
 
 
@@ -213,7 +215,7 @@ def test_paths_that_cannot_be_read_or_written_name_the_path(tmp_path: Path) -> N
 
 SAVER = textwrap.dedent("""
     import sys
-    from snapshot import _atomic
+    from snapshot.storage import _atomic
     data = open(sys.argv[1], "rb").read()
     print("ready", flush=True)
     while True:

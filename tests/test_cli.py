@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 import snapshot
-from snapshot import _sources
 from snapshot import format as fmt
+from snapshot.storage import _sources
 from tests import graphs
 
 

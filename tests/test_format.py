@@ -77,7 +77,7 @@ def test_a_process_killed_mid_save_leaves_the_previous_file_intact(tmp_path) -> 
     # A child writes a large file through atomic_write and is killed while writing.
     script = textwrap.dedent(f"""
         import os, signal
-        from snapshot import _atomic
+        from snapshot.storage import _atomic
         class Killer:
             def __init__(self): self.n = 0
         real_write = os.write

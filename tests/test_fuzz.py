@@ -24,8 +24,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import snapshot
-from snapshot import _dict_form, _sources, multipart
 from snapshot import format as fmt
+from snapshot import multipart
+from snapshot.container import _dict_form
+from snapshot.storage import _sources
 from tests import graphs
 
 FUZZ = settings(max_examples=150, derandomize=True, deadline=None, database=None,

@@ -40,7 +40,7 @@ def test_save_logs_path_size_and_time(tmp_path: Any, caplog: pytest.LogCaptureFi
     path = tmp_path / "data.snap"
     with caplog.at_level(logging.INFO, logger="snapshot"):
         saved_at(graphs.linear, 5, path)
-    [record] = [r for r in caplog.records if r.name == "snapshot._io"]
+    [record] = [r for r in caplog.records if r.name == "snapshot.storage._io"]
     assert record.levelno == logging.INFO
     message = record.getMessage()
     assert str(path) in message and f"{path.stat().st_size:,} bytes" in message and " s" in message
@@ -158,7 +158,7 @@ def test_a_forced_bar_follows_a_long_replay(tmp_path: Any, monkeypatch: pytest.M
 def test_a_forced_bar_follows_a_long_save(tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     tqdm = pytest.importorskip("tqdm")
-    from snapshot import _atomic, _io
+    from snapshot.storage import _atomic, _io
 
     monkeypatch.setattr(tqdm.tqdm, "monitor_interval", 0)
     monkeypatch.setattr(_io, "SAVE_PROGRESS", 1)

@@ -20,9 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import snapshot
-from snapshot import _dict_form, _payload, _sources, schema
 from snapshot import format as fmt
+from snapshot import schema
 from snapshot.cli import _diff, _dot, _inspect, _view
+from snapshot.container import _dict_form, _payload
+from snapshot.storage import _sources
 from tests import graphs
 
 CHEAP = settings(max_examples=2000, derandomize=True, deadline=None, database=None,

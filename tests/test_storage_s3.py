@@ -143,7 +143,7 @@ def test_a_kill_during_a_save_to_s3_leaves_the_previous_snapshot(s3, tmp_path) -
     finally:
         child.kill()
         child.wait(30)
-    data = snapshot._sources.read_container(url)  # verified, never unpickled (Slow lives in the script)
+    data = snapshot.storage._sources.read_container(url)  # verified, never unpickled (Slow lives in the script)
     assert data.manifest["loader"]["yielded"] == 1
 
 

@@ -22,7 +22,8 @@ import torch
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 import snapshot
-from snapshot import _dict_form, _payload, format, schema
+from snapshot import format, schema
+from snapshot.container import _dict_form, _payload
 from tests.fixtures.format1 import make as format1
 
 

@@ -14,11 +14,12 @@ from abc import abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
-from snapshot import _serialization
+from snapshot.container import _serialization
+from snapshot.engine.graph import Graph
+from snapshot.engine.plan import RestoreStrategy
+from snapshot.engine.randomness import EpochSeeds, SeedGenerator, epoch_seeds
+from snapshot.engine.sharding import Topology, WorkerInfo, analyze
 from snapshot.errors import LayoutError, ShardingError
-from snapshot.graph import Graph
-from snapshot.plan import RestoreStrategy
-from snapshot.randomness import EpochSeeds, SeedGenerator, epoch_seeds
 from snapshot.reading_service._engine import EngineState, ShardEngine
 from snapshot.reading_service._merge import RoundRobin, merge_state_for, service_state
 from snapshot.reading_service._recombine import parts, recombine
@@ -28,7 +29,6 @@ from snapshot.reading_service._tail import Tail, check_restarted
 from snapshot.reading_service._worker_reset import same_layout_problems
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint, as_record
 from snapshot.schema import ServiceState
-from snapshot.sharding import Topology, WorkerInfo, analyze
 
 __all__ = ["Executor", "LocalExecutor", "ShardedService", "resolve_logical_shards"]
 

@@ -8,9 +8,10 @@ import io
 import os
 from typing import Any
 
-from snapshot import _storage, format
+from snapshot.container import format
+from snapshot.container.format import PathOrFile
 from snapshot.errors import SnapshotFileError
-from snapshot.format import PathOrFile
+from snapshot.storage import _fsspec
 
 __all__ = ["path_error", "read_bytes", "read_container", "read_manifest", "source_name"]
 
@@ -57,8 +58,8 @@ def read_bytes(src: PathOrFile) -> bytes:
     _check_readable(src)
     if isinstance(src, (bytes, bytearray, memoryview)):
         return bytes(src)
-    if _storage.is_url(src):
-        return _storage.read_bytes(str(src))
+    if _fsspec.is_url(src):
+        return _fsspec.read_bytes(str(src))
     if isinstance(src, (str, os.PathLike)):
         try:
             with open(src, "rb") as f:
@@ -101,8 +102,8 @@ def read_manifest(src: PathOrFile) -> dict[str, Any]:
     """
     _check_readable(src)
     source = source_name(src)
-    if _storage.is_url(src):  # an object, or a distributed snapshot's index
-        src = io.BytesIO(_storage.read_bytes(_storage.index_or_object(str(src))))
+    if _fsspec.is_url(src):  # an object, or a distributed snapshot's index
+        src = io.BytesIO(_fsspec.read_bytes(_fsspec.index_or_object(str(src))))
     if isinstance(src, (str, os.PathLike)) and os.path.isdir(src) \
             and os.path.exists(os.path.join(src, format.DIRECTORY_MANIFEST)):
         src = os.path.join(src, format.DIRECTORY_MANIFEST)  # a distributed snapshot: its global manifest

@@ -2,7 +2,7 @@
 
 Saves write ``.NAME.snapshot-tmp.<pid>.<host>-<random>`` and rename it over ``NAME``; the
 next save into a directory removes such files whose writer is gone (a killed save). A path
-with a scheme (``s3://...``) is written in one upload through :mod:`snapshot._storage`.
+with a scheme (``s3://...``) is written in one upload through :mod:`snapshot.storage._fsspec`.
 
 This module knows nothing of snapshots: bytes in, bytes out.
 """
@@ -20,9 +20,9 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any
 
-from snapshot import _storage
+from snapshot.container.format import PathOrFile
 from snapshot.errors import SnapshotFileError
-from snapshot.format import PathOrFile
+from snapshot.storage import _fsspec
 
 __all__ = ["atomic_file", "atomic_write", "remove_stale_temporaries", "temp_name"]
 
@@ -102,8 +102,8 @@ def atomic_write(dest: PathOrFile, data: bytes | Sequence[bytes], *,
     every chunk written."""
     _check_writable(dest)
     chunks = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
-    if _storage.is_url(dest):
-        _storage.write_bytes(str(dest), chunks)
+    if _fsspec.is_url(dest):
+        _fsspec.write_bytes(str(dest), chunks)
         return
     with atomic_file(dest) as f:
         for chunk in chunks:
@@ -141,11 +141,11 @@ def atomic_file(dest: PathOrFile) -> Iterator[IO[bytes]]:
         if flush is not None:
             flush()
         return
-    if _storage.is_url(dest):
+    if _fsspec.is_url(dest):
         with tempfile.TemporaryFile() as spool:
             yield spool
             spool.seek(0)
-            _storage.write_bytes(str(dest), iter(lambda: spool.read(_CHUNK), b""))  # type: ignore[arg-type]
+            _fsspec.write_bytes(str(dest), iter(lambda: spool.read(_CHUNK), b""))  # type: ignore[arg-type]
         return
     path, directory = _prepare(dest)
     tmp = os.path.join(directory, temp_name(os.path.basename(path)))

@@ -2,7 +2,7 @@
 
 Format 2's payload has two sections:
 
-- the *data section*: one value encoded by :mod:`snapshot._codec`,
+- the *data section*: one value encoded by :mod:`snapshot.container._codec`,
   ``{"state": <the loader's state>, "graph": <bytes or None>, "service": <bytes or None>}``.
   Positions, seeds, node states and buffered samples decode as data (JSON-like values, bytes,
   tensors, numpy arrays): nothing named in the file is imported or called. The graph and the
@@ -22,7 +22,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from snapshot import _codec, _serialization, schema
+from snapshot import schema
+from snapshot.container import _codec, _serialization
 from snapshot.errors import CorruptSnapshotError, ManifestError, UntrustedStateError
 
 __all__ = ["TRUST_HINT", "read", "size_of", "write"]

@@ -63,9 +63,9 @@ import io
 from dataclasses import dataclass
 from typing import Any
 
-from snapshot._codec_decode import Decoder, decode
-from snapshot._codec_encode import Encoder
-from snapshot._codec_types import MAX_DEPTH
+from snapshot.container._codec_decode import Decoder, decode
+from snapshot.container._codec_encode import Encoder
+from snapshot.container._codec_types import MAX_DEPTH
 
 __all__ = ["MAX_DEPTH", "Decoder", "Encoder", "Pickled", "decode", "encode"]
 

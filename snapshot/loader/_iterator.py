@@ -6,13 +6,13 @@ import warnings
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from snapshot import _serialization
 from snapshot._warnings import user_stacklevel
+from snapshot.container import _serialization
 from snapshot.hooks._positions import BufferState
 from snapshot.reading_service.base import ReadingServiceInterface
 
 if TYPE_CHECKING:
-    from snapshot._loader_parts import IteratedLoader
+    from snapshot.loader._parts import IteratedLoader
 
 T_co = TypeVar("T_co", covariant=True)
 

@@ -29,9 +29,9 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from snapshot.engine.randomness import pass_seed
 from snapshot.errors import ExecutionError, ShardingError
 from snapshot.hooks.builtin._rng import AT_PASS_START
-from snapshot.randomness import pass_seed
 from snapshot.schema.state import NodeState
 
 __all__ = ["AT_PASS_START", "BY", "KEY", "Pass", "Passes", "Slot", "arm", "carry_over", "check_restart"]

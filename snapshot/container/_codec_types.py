@@ -1,5 +1,5 @@
 """The vocabulary the codec's encoder and decoder share: tags, length framing, and the tables that
-turn numpy dtypes and torch dtypes into data and back (see ``snapshot._codec`` for the format).
+turn numpy dtypes and torch dtypes into data and back (see ``snapshot.container._codec`` for the format).
 
 Nothing here imports numpy or torch at import time: the helpers that need them import them when
 an array or a tensor is met, so the CLI reads a payload's structure without torch.

@@ -21,9 +21,10 @@ import re
 import uuid
 from typing import Any
 
-from snapshot import _sources, _storage, format
+from snapshot.container import format
+from snapshot.container._parts import check_part, distributed_manifest, part_info, stamp
 from snapshot.errors import CorruptSnapshotError, RankError, SnapshotError, SnapshotFileError
-from snapshot.multipart import check_part, distributed_manifest, part_info, stamp
+from snapshot.storage import _fsspec, _sources
 
 __all__ = ["PREFIX", "is_directory", "read_parts", "save_directory"]
 
@@ -38,7 +39,7 @@ def _index(url: str) -> str:
 
 def is_directory(url: Any) -> bool:
     """Whether ``url`` is a directory snapshot in object storage (it holds an index)."""
-    return _storage.is_url(url) and _storage.exists(_index(str(url)))
+    return _fsspec.is_url(url) and _fsspec.exists(_index(str(url)))
 
 
 def read_parts(url: str, *, key: bytes | str | None = None) -> tuple[dict[str, Any], list[format.Container]]:
@@ -52,7 +53,7 @@ def read_parts(url: str, *, key: bytes | str | None = None) -> tuple[dict[str, A
     parts = []
     for entry in container.info.parts:  # the schema checked each name: a part file name, never a path
         part_url = f"{url.rstrip('/')}/{prefix}/{entry.file}"
-        data = _storage.read_bytes(part_url)
+        data = _fsspec.read_bytes(part_url)
         if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
             raise CorruptSnapshotError(f"{entry.file} does not match the digest the index recorded for it",
                                        source=url)
@@ -73,7 +74,7 @@ def save_directory(collective: Any, part: bytes, manifest: dict[str, Any], dest:
     pieces = [part]
     try:
         pieces = stamp(part, token, key=key)  # the part carries the id of this save, as the index does
-        _storage.write_bytes(f"{url}/{token}/rank-{collective.rank:05d}.snap", pieces)
+        _fsspec.write_bytes(f"{url}/{token}/rank-{collective.rank:05d}.snap", pieces)
     except SnapshotError as exc:
         error = str(exc)
     infos = collective.all_gather({**part_info(collective.rank, manifest, pieces), "error": error},
@@ -81,21 +82,21 @@ def save_directory(collective: Any, part: bytes, manifest: dict[str, Any], dest:
     failed = [i for i in infos if i["error"]]
     if failed:
         if collective.rank == 0:
-            _storage.remove(f"{url}/{token}")
+            _fsspec.remove(f"{url}/{token}")
         raise RankError("the snapshot was not written (the previous one is intact): " +
                         "; ".join(f"rank {i['rank']} could not write its part: {i['error']}" for i in failed))
     if collective.rank == 0:
         try:
             previous = None
-            if _storage.exists(_index(url)):
+            if _fsspec.exists(_index(url)):
                 try:
                     previous = _sources.read_manifest(_index(url)).get(PREFIX)
                 except SnapshotFileError:
                     previous = None
             index = {**distributed_manifest(infos, save=token), PREFIX: token}
-            _storage.write_bytes(_index(url), format.pack_parts(index, b"", key=key))
+            _fsspec.write_bytes(_index(url), format.pack_parts(index, b"", key=key))
             if isinstance(previous, str) and _TOKEN.fullmatch(previous) and previous != token:
-                _storage.remove(f"{url}/{previous}")
+                _fsspec.remove(f"{url}/{previous}")
         except SnapshotError as exc:
             error = f"{type(exc).__name__}: {exc}"
     done = collective.broadcast(error, "publishing a snapshot")

@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from snapshot._background import BackgroundSaver
-    from snapshot._loader_position import LivePosition, Pausing, Stopped
-    from snapshot.graph import Graph
-    from snapshot.plan import CodeChanges
+    from snapshot.engine.graph import Graph
+    from snapshot.engine.plan import CodeChanges
+    from snapshot.loader._position import LivePosition, Pausing, Stopped
     from snapshot.reading_service.base import ReadingServiceInterface
+    from snapshot.storage._background import BackgroundSaver
 
 __all__ = ["IteratedLoader", "LoaderParts"]
 

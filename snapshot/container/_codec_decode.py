@@ -1,4 +1,4 @@
-"""The decoding half of ``snapshot._codec`` (the format is described there).
+"""The decoding half of ``snapshot.container._codec`` (the format is described there).
 
 The decoder builds only the types of the tag table: it never imports a module, looks up an
 attribute or calls anything that the bytes name. A numpy dtype is rebuilt from a checked
@@ -14,7 +14,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 from typing import Any
 
-from snapshot import _codec_types as wire
+from snapshot.container import _codec_types as wire
 from snapshot.errors import CorruptSnapshotError, SnapshotError, UntrustedStateError
 
 __all__ = ["Decoder", "decode"]

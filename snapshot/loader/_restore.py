@@ -10,16 +10,16 @@ import re
 from collections import deque
 from typing import TYPE_CHECKING, Any, Literal
 
-from snapshot import _serialization
-from snapshot._digest import sample_digest
-from snapshot.capture import Snapshot
+from snapshot.container import _serialization
+from snapshot.container.capture import Snapshot
+from snapshot.engine.plan import RestoreStrategy, check_graph, check_strategy
+from snapshot.engine.randomness import SeedGenerator
 from snapshot.errors import LayoutError, RankError, SnapshotError, VerificationError
-from snapshot.plan import RestoreStrategy, check_graph, check_strategy
-from snapshot.randomness import SeedGenerator
+from snapshot.loader._digest import sample_digest
 from snapshot.schema import RankState, SavedState, ServiceState, VerifyRecord
 
 if TYPE_CHECKING:
-    from snapshot._loader_parts import LoaderParts
+    from snapshot.loader._parts import LoaderParts
     from snapshot.reading_service.base import ReadingServiceInterface
 
 
@@ -27,7 +27,7 @@ def load_with_graph(src: Any, reading_service: ReadingServiceInterface | None,
                     key: bytes | str | None) -> tuple[Snapshot, ReadingServiceInterface | None]:
     """For ``from_snapshot``: the snapshot (refused without a graph), and the reading service
     to build the loader with (the one saved in it when none is given)."""
-    from snapshot._io import load
+    from snapshot.storage._io import load
 
     snap = load(src, key=key, allow_pickle=True)  # from_snapshot trusts the file: it unpickles its graph
     if snap.graph is None:

@@ -98,7 +98,7 @@ def loads(data: bytes, *, what: str = "object") -> Any:
 
 
 def _graph(datapipe: Any) -> Any:
-    from snapshot.graph import Graph  # torch, only when a graph is pickled
+    from snapshot.engine.graph import Graph  # torch, only when a graph is pickled
 
     return Graph(datapipe)
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from snapshot._loader_position import Stopped
-from snapshot._loader_restore import explain_missing_code
 from snapshot.errors import SnapshotError
+from snapshot.loader._position import Stopped
+from snapshot.loader._restore import explain_missing_code
 
 if TYPE_CHECKING:
-    from snapshot._loader_parts import LoaderParts
+    from snapshot.loader._parts import LoaderParts
 
 __all__ = ["at_stop", "stop", "stopped_service"]
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from snapshot.randomness import SeedGenerator, draw_seed
+from snapshot.engine.randomness import SeedGenerator, draw_seed
 
 
 @dataclass

@@ -18,7 +18,7 @@ import sys
 import types
 from typing import Any
 
-from snapshot._tokens import _token
+from snapshot.engine._tokens import _token
 
 __all__ = ["code_fingerprint", "python_of"]
 

@@ -1,4 +1,4 @@
-"""The encoding half of ``snapshot._codec`` (the format and what is data are described there).
+"""The encoding half of ``snapshot.container._codec`` (the format and what is data are described there).
 
 The encoder writes as it walks: small values gather in a buffer handed to ``write`` every
 64 KiB, and a big ``bytes``, array or tensor payload is handed to ``write`` from the object's
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from gc import is_tracked
 from typing import Any
 
-from snapshot._codec_types import (
+from snapshot.container._codec_types import (
     ARRAY,
     BYTEARRAY,
     BYTES,

@@ -1,9 +1,9 @@
 """Saving and loading snapshots: files, file objects, bytes, state dicts, directories, URLs.
 
 :func:`save` packs a :class:`~snapshot.capture.Snapshot` into a container (:mod:`snapshot.format`)
-and writes it atomically (:mod:`snapshot._atomic`). :func:`load` reads bytes, checks them
+and writes it atomically (:mod:`snapshot.storage._atomic`). :func:`load` reads bytes, checks them
 (:mod:`snapshot.format`), joins a distributed snapshot's parts (:mod:`snapshot.multipart`,
-:mod:`snapshot._object_directory`), and decodes the result into a :class:`~snapshot.capture.Snapshot`.
+:mod:`snapshot.storage._object_directory`), and decodes the result into a :class:`~snapshot.capture.Snapshot`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from snapshot import _atomic, _dict_form, _object_directory, _progress, _sources, format, multipart, schema
-from snapshot.capture import LoaderState, Snapshot, encode
+from snapshot import _progress, schema
+from snapshot.container import _dict_form, format
+from snapshot.container.capture import LoaderState, Snapshot, encode
 from snapshot.errors import CorruptSnapshotError, ManifestError, SnapshotFileError
+from snapshot.storage import _atomic, _object_directory, _sources, multipart
 
 __all__ = ["load", "merge_parts", "save", "write"]
 

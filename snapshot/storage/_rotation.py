@@ -15,8 +15,8 @@ import re
 import shutil
 from collections.abc import Iterator
 
-from snapshot import _sources
 from snapshot.errors import SnapshotError
+from snapshot.storage import _sources
 
 __all__ = ["latest", "prune", "prune_check", "snapshots"]
 

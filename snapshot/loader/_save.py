@@ -7,17 +7,19 @@ import warnings
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from snapshot import _loader_restore, _object_directory, _rotation, _serialization, _staging, _storage
-from snapshot._io import save, write
-from snapshot._loader_stop import stopped_service
 from snapshot._warnings import user_stacklevel
-from snapshot.capture import LoaderState, Snapshot, capture, capture_source, snapshot_of
+from snapshot.container import _serialization
+from snapshot.container.capture import LoaderState, Snapshot, capture, capture_source, snapshot_of
+from snapshot.container.format import PathOrFile
 from snapshot.errors import SerializationError, SnapshotError
-from snapshot.format import PathOrFile
-from snapshot.multipart import part_info, parts_state_dict
+from snapshot.loader import _restore
+from snapshot.loader._stop import stopped_service
+from snapshot.storage import _fsspec, _object_directory, _rotation, _staging
+from snapshot.storage._io import save, write
+from snapshot.storage.multipart import part_info, parts_state_dict
 
 if TYPE_CHECKING:
-    from snapshot._loader_parts import LoaderParts
+    from snapshot.loader._parts import LoaderParts
 
 
 def check_keep_last(dest: Any, keep_last: int) -> None:
@@ -56,7 +58,7 @@ def snapshot_source(loader: LoaderParts, *, include_graph: bool, verify: int = 0
         lookahead=list(pos.lookahead),
     )
     if verify:
-        source.verify = _loader_restore.digests_ahead(loader, verify)
+        source.verify = _restore.digests_ahead(loader, verify)
     return source
 
 
@@ -88,7 +90,7 @@ def save_now(loader: LoaderParts, dest: PathOrFile | None, *, include_graph: boo
             _rotation.prune(dest, keep_last)
         return snap
     snap = snapshot_of(source)
-    if dest is not None and collective is not None and _storage.is_url(dest):
+    if dest is not None and collective is not None and _fsspec.is_url(dest):
         # object storage: every rank uploads its part, rank 0 the index last
         _object_directory.save_directory(collective, snap.to_bytes(key=key), snap.manifest, str(dest), key)
     elif dest is not None and collective is not None:

@@ -4,7 +4,7 @@
 ``concurrent.futures.Future`` of its result. A second save waits for the first; the
 loader's ``shutdown()`` waits too, and so does the interpreter's exit (an ``atexit`` hook
 waits for every save still running). A save that fails sets the exception on its future
-and logs it (``logging.getLogger("snapshot._background")``), so it is never lost even when
+and logs it (``logging.getLogger("snapshot.storage._background")``), so it is never lost even when
 nobody looks at the future.
 """
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from snapshot import _serialization
+from snapshot.container import _serialization
 
 try:
     import numpy

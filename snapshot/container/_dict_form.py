@@ -17,8 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from snapshot import schema
-from snapshot.errors import CorruptSnapshotError, ForeignFileError, SignatureError
-from snapshot.format import (
+from snapshot.container.format import (
     FORMAT,
     FORMAT_VERSION,
     SIGNATURE,
@@ -29,6 +28,7 @@ from snapshot.format import (
     _validate,
     resolve_key,
 )
+from snapshot.errors import CorruptSnapshotError, ForeignFileError, SignatureError
 
 __all__ = ["from_state_dict", "to_state_dict"]
 

@@ -132,9 +132,6 @@ class Topology:
         """The node each logical shard runs up to: the merge point, or the sink."""
         return self.merge_point if self.merge_point is not None else ROOT
 
-    def router_inputs(self, graph: Graph) -> list[str]:
-        return [graph[r].inputs[0] for r in self.routers]
-
     def downstream(self, graph: Graph) -> set[str]:
         """The nodes each logical shard runs (neither above the sharding point nor in the tail)."""
         return {n.path for n in graph.nodes if n.path not in self.upstream and n.path not in self.tail}

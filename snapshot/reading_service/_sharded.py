@@ -148,17 +148,24 @@ class ShardedService(ReadingServiceInterface):
 
     def initialize(self, datapipe: Any) -> _Output:
         datapipe = self._prepare(datapipe)
-        count = resolve_logical_shards(self.logical_shards, analyze(Graph(datapipe)), self._default_shards())
-        self.configure(datapipe, count, range(count))
+        graph = Graph(datapipe)
+        analysis = analyze(graph)
+        count = resolve_logical_shards(self.logical_shards, analysis, self._default_shards())
+        self.configure(datapipe, count, range(count), graph=graph, analysis=analysis)
         return _Output(self)
 
-    def configure(self, datapipe: Any, count: int, shards: Sequence[int], units: int | None = None) -> None:
+    def configure(self, datapipe: Any, count: int, shards: Sequence[int], units: int | None = None, *,
+                  graph: Graph | None = None, analysis: Topology | None = None) -> None:
         """Run ``shards`` (a rank's share, or all) of the ``units`` (default: ``count``) units of
-        ``count`` logical shards of ``datapipe``."""
+        ``count`` logical shards of ``datapipe``. A caller that has built ``datapipe``'s graph
+        and analyzed it already passes both (``analysis`` is ``analyze(graph)``), so that neither
+        is done twice."""
         self.finalize()
         units = units or count
-        graph = Graph(datapipe)
-        topology = analyze(graph).for_shards(units)
+        if graph is None or analysis is None:
+            graph = Graph(datapipe)
+            analysis = analyze(graph)
+        topology = analysis.for_shards(units)
         self._graph, self._topology, self._count, self._units = graph, topology, count, units
         self._owned = list(shards)
         self._executor = self._make_executor(datapipe, graph, self._topology, units, self._owned)

@@ -242,7 +242,7 @@ class DistributedReadingService(ReadingServiceInterface):
                 "dataset: add .sharding_filter() where samples may be split")
         count = resolve_logical_shards(requested, topology, default)
         units = epoch_units(count, collective.world)
-        self.executor.configure(datapipe, count, self.owned(units), units)
+        self.executor.configure(datapipe, count, self.owned(units), units, graph=graph, analysis=topology)
         return _Output(self)
 
     def initialize_iteration(

@@ -27,16 +27,12 @@ from snapshot import multipart
 from snapshot.cli import main as cli
 from snapshot.container import _dict_form
 from snapshot.storage import _atomic
-from tests import graphs
+from tests import graphs, helpers
 
 
 def saved(n: int = 30, steps: int = 2) -> tuple[snapshot.Snapshot, list[Any]]:
-    dl = snapshot.DataLoader2(graphs.linear(n=n))
-    dl.seed(3)
-    it = iter(dl)
-    for _ in range(steps):
-        next(it)
-    return dl.save_snapshot(), list(it)
+    with helpers.loader_at(graphs.linear(n=n), steps, seed=3) as (dl, it):
+        return dl.save_snapshot(), list(it)
 
 
 SNAP, REST = saved()

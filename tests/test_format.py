@@ -17,11 +17,11 @@ from torch.utils.data.datapipes.iter import IterableWrapper
 
 import snapshot
 from snapshot import format as fmt
-from tests import graphs
+from tests import graphs, helpers
 
 
 def make_snapshot(factory=graphs.linear, samples: int = 3) -> snapshot.Snapshot:
-    return graphs.snapshot_after(factory, samples, seed=1)
+    return helpers.snapshot_after(factory, samples, seed=1)
 
 
 def test_round_trip_through_a_file(tmp_path) -> None:

@@ -11,7 +11,7 @@ from torch.utils.data.datapipes.iter import Batcher, IterableWrapper
 
 import snapshot
 from snapshot import _progress, plan
-from tests import graphs
+from tests import graphs, helpers
 
 
 def hookless(n: int) -> Any:
@@ -20,15 +20,9 @@ def hookless(n: int) -> Any:
 
 def saved_at(factory: Any, steps: int, path: Any) -> list[Any]:
     """Iterate ``steps`` batches of a fresh loader, save to ``path``; the rest of the epoch."""
-    dl = snapshot.DataLoader2(factory())
-    dl.seed(3)
-    it = iter(dl)
-    for _ in range(steps):
-        next(it)
-    dl.save_snapshot(path)
-    rest = list(it)
-    dl.shutdown()
-    return rest
+    with helpers.loader_at(factory(), steps, seed=3) as (dl, it):
+        dl.save_snapshot(path)
+        return list(it)
 
 
 def test_the_package_logger_has_a_null_handler() -> None:

@@ -227,3 +227,23 @@ def test_the_command_line_runs_without_torch(tmp_path: Path) -> None:
                 "print('EXIT', exit, 'torch' in sys.modules, file=sys.stderr)")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
         assert out.stderr.strip().splitlines()[-1] == "EXIT 0 False", (args, out.stderr[-2000:])
+
+
+def _reach(edges: dict[str, set[str]], start: str) -> set[str]:
+    """The modules that ``start`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for target in edges.get(todo.pop(), ()):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def test_the_save_path_never_enters_restore_code() -> None:
+    """Saving (``loader/_save.py``, and all it imports) reaches neither the loader's restore nor
+    ``snapshot.restore``: what both need (the digests ahead) lives below both."""
+    restore = {"snapshot.loader._restore", "snapshot.loader.restore", "snapshot.restore"}
+    entered = sorted(_reach(_edges(), "snapshot.loader._save") & restore)
+    assert not entered, f"the save path imports restore code: {entered}"

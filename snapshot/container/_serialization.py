@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import pickle
+import re
 import threading
 import types
 from collections.abc import Iterator, Mapping
@@ -22,8 +23,8 @@ from snapshot import schema
 from snapshot.errors import SerializationError
 from snapshot.schema.saved import map_node_states
 
-__all__ = ["clone", "cooperative", "decode_nodes", "dumps", "dumps_graph", "loads", "loads_graph",
-           "portable_graph"]
+__all__ = ["clone", "cooperative", "decode_nodes", "dumps", "dumps_graph", "explain_missing_code", "loads",
+           "loads_graph", "portable_graph"]
 
 _PICKLE = b"P"
 _DILL = b"D"
@@ -266,3 +267,25 @@ def decode_nodes(service: Mapping[str, Any]) -> dict[str, Any]:
     """The node states of a format-1 payload, unpickled (call only on verified, trusted payloads)."""
     return _map_nodes(service, lambda path, state: loads(
         state, what=f"state of the DataPipe at {path}") if isinstance(state, bytes) else state)
+
+
+def explain_missing_code(exc: BaseException) -> None:
+    """Add the likely cause and the fix to a ``NameError``/``ImportError`` that a graph unpickled from a
+    snapshot raised (a function pickled with the script that saved it, whose globals or imports are
+    not here)."""
+    if not isinstance(exc, (NameError, ImportError)) or not hasattr(exc, "add_note"):
+        return
+    if getattr(exc, "_snapshot_explained", False):
+        return
+    setattr(exc, "_snapshot_explained", True)  # noqa: B010 - a private mark on a foreign exception
+    found = re.search(r"name '([\w.]+)' is not defined|No module named '([\w.]+)'", str(exc))
+    missing = next((name for name in found.groups() if name), None) if found else None
+    kind = "module" if isinstance(exc, ImportError) else "name"
+    what = f"the {kind} {missing!r}" if missing else f"a {kind}"
+    exc.add_note(
+        f"This graph was unpickled from a snapshot, and one of its functions needs {what}, which this process "
+        "does not have. Likely cause: the function was defined in the script that saved the snapshot and uses a "
+        "global or an import of that script (snapshots from older versions of snapshot did not carry a "
+        "script's globals), or it imports a module that is not installed here. Fix: put the function in a module that "
+        "both scripts import, or build the graph in code and call restore_snapshot(); or save again from the "
+        "first script with this version, which pickles a script's functions with the globals they use.")

@@ -6,7 +6,6 @@ position is put back as it was.
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -15,7 +14,7 @@ from snapshot.container.capture import Snapshot
 from snapshot.engine.plan import RestoreStrategy, check_graph, check_strategy
 from snapshot.engine.randomness import SeedGenerator
 from snapshot.errors import LayoutError, RankError, SnapshotError, VerificationError
-from snapshot.loader._digest import sample_digest
+from snapshot.loader._digest import digests_ahead
 from snapshot.schema import RankState, SavedState, ServiceState, VerifyRecord
 
 if TYPE_CHECKING:
@@ -82,34 +81,12 @@ def restore(loader: LoaderParts, snap: Snapshot, strategy: RestoreStrategy) -> N
             verify(loader, recorded)
     except BaseException as exc:
         if loader._graph_from_snapshot:
-            explain_missing_code(exc)
+            _serialization.explain_missing_code(exc)
         loader._position = before
         if before.datapipe_iter is not None:  # the previous epoch's run was replaced: start afresh
             before.datapipe_iter = None
             before.reset_iter = True
         raise
-
-
-def explain_missing_code(exc: BaseException) -> None:
-    """Add the likely cause and the fix to a ``NameError``/``ImportError`` that a graph unpickled from a
-    snapshot raised (a function pickled with the script that saved it, whose globals or imports are
-    not here)."""
-    if not isinstance(exc, (NameError, ImportError)) or not hasattr(exc, "add_note"):
-        return
-    if getattr(exc, "_snapshot_explained", False):
-        return
-    setattr(exc, "_snapshot_explained", True)  # noqa: B010 - a private mark on a foreign exception
-    found = re.search(r"name '([\w.]+)' is not defined|No module named '([\w.]+)'", str(exc))
-    missing = next((name for name in found.groups() if name), None) if found else None
-    kind = "module" if isinstance(exc, ImportError) else "name"
-    what = f"the {kind} {missing!r}" if missing else f"a {kind}"
-    exc.add_note(
-        f"This graph was unpickled from a snapshot, and one of its functions needs {what}, which this process "
-        "does not have. Likely cause: the function was defined in the script that saved the snapshot and uses a "
-        "global or an import of that script (snapshots from older versions of snapshot did not carry a "
-        "script's globals), or it imports a module that is not installed here. Fix: put the function in a module that "
-        "both scripts import, or build the graph in code and call restore_snapshot(); or save again from the "
-        "first script with this version, which pickles a script's functions with the globals they use.")
 
 
 def _rank_position(saved: SavedState, collective: Any) -> RankState | Literal[False] | None:
@@ -164,22 +141,6 @@ def _apply(loader: LoaderParts, saved: SavedState, service: ServiceState | None,
     else:
         pos.datapipe_iter = iter(pos.end)
         pos.reset_iter = False
-
-
-def digests_ahead(loader: LoaderParts, count: int) -> dict[str, Any]:
-    """Compute up to ``count`` samples ahead (kept for the loader) and digest them (the manifest's ``fingerprints``)."""
-    pos = loader._position
-    if pos.epoch < 0 or pos.epoch_finished:
-        return {"count": 0, "fingerprints": [], "ends": True}
-    it = pos.datapipe_iter
-    while it is not None and len(pos.lookahead) < count:
-        try:
-            pos.lookahead.append(next(it))
-        except StopIteration:
-            break
-    ahead = list(pos.lookahead)[:count]
-    return {"count": count, "fingerprints": [sample_digest(x) for x in ahead],
-            "ends": len(ahead) < count}
 
 
 def verify(loader: LoaderParts, recorded: VerifyRecord) -> None:

@@ -12,7 +12,7 @@ from snapshot.container import _serialization
 from snapshot.container.capture import LoaderState, Snapshot, capture, capture_source, snapshot_of
 from snapshot.container.format import PathOrFile
 from snapshot.errors import SerializationError, SnapshotError
-from snapshot.loader import _restore
+from snapshot.loader._digest import digests_ahead
 from snapshot.loader._stop import stopped_service
 from snapshot.storage import _fsspec, _object_directory, _rotation, _staging
 from snapshot.storage._io import save, write
@@ -58,7 +58,7 @@ def snapshot_source(loader: LoaderParts, *, include_graph: bool, verify: int = 0
         lookahead=list(pos.lookahead),
     )
     if verify:
-        source.verify = _restore.digests_ahead(loader, verify)
+        source.verify = digests_ahead(loader, verify)
     return source
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from snapshot.container import _serialization
 from snapshot.errors import SnapshotError
 from snapshot.loader._position import Stopped
-from snapshot.loader._restore import explain_missing_code
 
 if TYPE_CHECKING:
     from snapshot.loader._parts import LoaderParts
@@ -26,7 +26,7 @@ def stop(loader: LoaderParts, *, keep_position: bool, error: BaseException | Non
     """Wait for a background save, keep the position (unless ``keep_position`` is false: a
     finalizer), then release the reading service. Safe to call twice."""
     if error is not None and getattr(loader, "_graph_from_snapshot", False):
-        explain_missing_code(error)
+        _serialization.explain_missing_code(error)
     saver = getattr(loader, "_saver", None)
     if saver is not None:
         saver.wait()

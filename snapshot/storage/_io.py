@@ -138,11 +138,10 @@ def load(src: Any, *, key: bytes | str | None = None, allow_pickle: bool = False
     if not isinstance(src, (str, os.PathLike, bytes, bytearray, memoryview, Mapping)) \
             and not callable(getattr(src, "read", None)):
         raise TypeError(f"snapshot.load() reads {_LOADABLE}; got a {type(src).__name__}")
-    if _object_directory.is_directory(src):
-        manifest, containers = _object_directory.read_parts(str(src), key=key)
-        return merge_parts(manifest, [_decode(c, str(src), trusted) for c in containers])
-    if multipart.is_directory_snapshot(src):
-        index, containers = multipart.read_parts(src, key=key)
+    in_object_store = _object_directory.is_directory(src)
+    if in_object_store or multipart.is_directory_snapshot(src):
+        index, containers = (_object_directory.read_parts(str(src), key=key) if in_object_store
+                             else multipart.read_parts(src, key=key))
         return merge_parts(index.manifest, [_decode(c, str(src), trusted) for c in containers])
     if isinstance(src, Mapping):
         container = _dict_form.from_state_dict(src, key=key)

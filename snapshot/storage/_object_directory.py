@@ -42,8 +42,9 @@ def is_directory(url: Any) -> bool:
     return _fsspec.is_url(url) and _fsspec.exists(_index(str(url)))
 
 
-def read_parts(url: str, *, key: bytes | str | None = None) -> tuple[dict[str, Any], list[format.Container]]:
-    """The global manifest and every rank's part, each verified against the index."""
+def read_parts(url: str, *, key: bytes | str | None = None) -> tuple[format.Container, list[format.Container]]:
+    """The index and every rank's part, each verified against the index (the shape of
+    :func:`snapshot.storage.multipart.read_parts`)."""
     index = _index(url)
     container = _sources.read_container(index, key=key)
     manifest = container.manifest
@@ -62,7 +63,7 @@ def read_parts(url: str, *, key: bytes | str | None = None) -> tuple[dict[str, A
         parts.append(part)
     if not parts:
         raise CorruptSnapshotError("the index lists no parts", source=index)
-    return manifest, parts
+    return container, parts
 
 
 def save_directory(collective: Any, part: bytes, manifest: dict[str, Any], dest: str,

@@ -236,9 +236,6 @@ class DataLoader2(PausingMethods, Generic[T_co]):
         """
         return _restore_into(self, src, strategy=strategy, key=key, allow_pickle=allow_pickle)
 
-    def _restore(self, snap: Snapshot, strategy: RestoreStrategy) -> None:
-        _restore.restore(self, snap, strategy)
-
     @classmethod
     def from_snapshot(
         cls, src: Any, reading_service: ReadingServiceInterface | None = None, *,
@@ -255,7 +252,7 @@ class DataLoader2(PausingMethods, Generic[T_co]):
         snap, reading_service = _restore.load_with_graph(src, reading_service, key)
         loader: DataLoader2[Any] = cls(None, reading_service=reading_service, buffer_state=buffer_state,
                                        code_changes=code_changes)
-        loader._restore(snap, RestoreStrategy.parse(strategy))
+        _restore.restore(loader, snap, RestoreStrategy.parse(strategy))
         return loader
 
     # -- torchdata 0.9 state-dict API -----------------------------------------------------

@@ -24,7 +24,7 @@ EXTRAS = {
     # torchdata >= 0.10 (StatefulDataLoader, torchdata.nodes) has no DataLoader2: it cannot share
     # an environment with the "torchdata" extra (the test suite keeps it in .venv-torchdata)
     "torchdata-nodes": ["torchdata>=0.10,<0.12"],
-    # snapshots behind fsspec URLs (s3://, gs://, memory://): see snapshot/_storage.py
+    # snapshots behind fsspec URLs (s3://, gs://, memory://): see snapshot/storage/_fsspec.py
     "storage": ["fsspec>=2023.1", "s3fs>=2023.1"],
     # the docs site and executed notebook tutorials (see docs/ and tutorials/). The site
     # builder and its plugins are pinned: their upgrades add warnings, and the build is strict.

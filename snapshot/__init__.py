@@ -22,11 +22,9 @@ import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from snapshot._io import load, save
-from snapshot._rotation import latest
-from snapshot._sources import read_manifest
 from snapshot._version import __version__
 from snapshot.capture import Snapshot, capture
+from snapshot.engine.plan import CodeChanges, RestoreStrategy
 from snapshot.errors import (
     CorruptSnapshotError,
     EmptySnapshotError,
@@ -50,8 +48,10 @@ from snapshot.errors import (
     VersionSkewError,
     WorkerError,
 )
-from snapshot.plan import CodeChanges, RestoreStrategy
 from snapshot.restore import restore
+from snapshot.storage._io import load, save
+from snapshot.storage._rotation import latest
+from snapshot.storage._sources import read_manifest
 
 # Loggers are "snapshot.<module>"; the library prints nothing unless the application
 # configures logging (for example ``logging.basicConfig(level=logging.INFO)``).
@@ -61,30 +61,30 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 # which only read manifests, start without it. (``capture`` and ``restore`` are imported
 # above: they share their names with their modules, which would otherwise shadow them.)
 _LAZY = {
-    "DataLoader2": "snapshot.dataloader2",
-    "DataLoader2Iterator": "snapshot.dataloader2",
+    "DataLoader2": "snapshot.loader.dataloader2",
+    "DataLoader2Iterator": "snapshot.loader.dataloader2",
     "DistributedReadingService": "snapshot.reading_service.distributed",
     "GlobalRNG": "snapshot.reading_service._rng",
     "InProcessReadingService": "snapshot.reading_service.in_process",
     "MultiProcessingReadingService": "snapshot.reading_service.multiprocessing",
     "ReadingServiceInterface": "snapshot.reading_service.base",
-    "SeedGenerator": "snapshot.randomness",
+    "SeedGenerator": "snapshot.engine.randomness",
     "SequentialReadingService": "snapshot.reading_service.sequential",
-    "WorkerInfo": "snapshot.sharding",
+    "WorkerInfo": "snapshot.engine.sharding",
     "register_state_hook": "snapshot.hooks",
 }
 
 if TYPE_CHECKING:
-    from snapshot.dataloader2 import DataLoader2, DataLoader2Iterator
+    from snapshot.engine.randomness import SeedGenerator
+    from snapshot.engine.sharding import WorkerInfo
     from snapshot.hooks import register_state_hook
-    from snapshot.randomness import SeedGenerator
+    from snapshot.loader.dataloader2 import DataLoader2, DataLoader2Iterator
     from snapshot.reading_service._rng import GlobalRNG
     from snapshot.reading_service.base import ReadingServiceInterface
     from snapshot.reading_service.distributed import DistributedReadingService
     from snapshot.reading_service.in_process import InProcessReadingService
     from snapshot.reading_service.multiprocessing import MultiProcessingReadingService
     from snapshot.reading_service.sequential import SequentialReadingService
-    from snapshot.sharding import WorkerInfo
 
 
 def __getattr__(name: str) -> Any:

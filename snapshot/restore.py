@@ -1,35 +1,10 @@
-"""Applying a snapshot: :func:`restore` reads it (:mod:`snapshot._io`) and hands it to the loader,
-which checks the graph, plans (:mod:`snapshot.plan`) and applies the plan through its reading service.
+"""``snapshot.restore``, the path this module had before the package was grouped by layer: it
+is now :mod:`snapshot.loader.restore`, and this name is the same module object (so that importing,
+pickling and monkeypatching through either name reach one module)."""
 
-The planning names (``RestoreStrategy``, ``Plan``, ``make_plan``, ...) live in :mod:`snapshot.plan`
-and are importable from here too, where earlier releases defined them.
-"""
+import sys
 
-from __future__ import annotations
+from snapshot.loader import restore as _module
+from snapshot.loader.restore import *  # noqa: F403  (the names, for type checkers)
 
-from typing import Any
-
-from snapshot._io import load
-from snapshot.capture import Snapshot
-from snapshot.plan import CodeChanges, Plan, RestoreStrategy, check_graph, check_restorable, make_plan, needs_replay
-
-__all__ = ["CodeChanges", "Plan", "RestoreStrategy", "check_graph", "check_restorable", "make_plan", "needs_replay",
-           "restore"]
-
-
-def restore(loader: Any, src: Any, *, strategy: RestoreStrategy | str = "auto",
-            key: bytes | str | None = None, allow_pickle: bool = False) -> Snapshot:
-    """Put ``loader`` (a :class:`~snapshot.DataLoader2`) at the position saved in ``src``.
-
-    ``src`` is a path, a binary file, bytes, a :class:`Snapshot` or a state dict. Returns the
-    snapshot that was applied. The state is decoded as data: a snapshot that needs unpickling
-    (format 1, or values that are not data) is refused unless it is signed with ``key`` or
-    ``allow_pickle=True`` (see :func:`snapshot.load`).
-    """
-    if not callable(getattr(loader, "_restore", None)):
-        raise TypeError(f"snapshot.restore() puts a snapshot.DataLoader2 at a saved position; got a "
-                        f"{type(loader).__name__} as the loader")
-    strategy = RestoreStrategy.parse(strategy)
-    snap = src if isinstance(src, Snapshot) else load(src, key=key, allow_pickle=allow_pickle)
-    loader._restore(snap, strategy)
-    return snap
+sys.modules[__name__] = _module

@@ -362,15 +362,3 @@ def hanging_graph(n: int = 40) -> Any:
 
 
 MAIN_PID[0] = os.getpid()
-
-
-def snapshot_after(factory: Any, samples: int, *, seed: int = 0, reading_service: Any = None) -> Any:
-    """The snapshot of a fresh loader over ``factory()`` (seeded) after ``samples`` samples."""
-    import snapshot
-
-    with snapshot.DataLoader2(factory(), reading_service=reading_service) as loader:
-        loader.seed(seed)
-        it = iter(loader)
-        for _ in range(samples):
-            next(it)
-        return loader.save_snapshot()

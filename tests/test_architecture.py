@@ -1,6 +1,7 @@
 """The package's shape, as docs/architecture.md describes it: imports point one way (no circle,
-not even through an import made only for type checking or inside a function), and modules,
-classes and functions stay small enough to read."""
+not even through an import made only for type checking or inside a function) and down the layers,
+each layer a folder (storage knows nothing of the engine, the command line runs without torch),
+and modules, classes and functions stay small enough to read."""
 
 from __future__ import annotations
 
@@ -122,3 +123,127 @@ def test_module_class_and_function_sizes(name: str) -> None:
             kind = "class" if isinstance(node, ast.ClassDef) else "function"
             too_long.append(f"{kind} {name}:{what} (line {node.lineno}): {size} lines (at most {limit})")
     assert not too_long, "split these by idea:\n" + "\n".join(too_long)
+
+
+#: The layers of docs/architecture.md from the bottom up, each as the module prefixes it holds. A
+#: module imports its own layer and those below it, never one above; what no prefix names is the
+#: front (``__init__``, ``testing``, ``integrations/``, ``cli/`` and the old module paths).
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("vocabulary", ("snapshot.errors", "snapshot.schema", "snapshot.hooks", "snapshot._choice",
+                    "snapshot._progress", "snapshot._warnings", "snapshot._version")),
+    ("engine", ("snapshot.engine",)),
+    ("container", ("snapshot.container",)),
+    ("storage", ("snapshot.storage",)),
+    ("reading services", ("snapshot.reading_service",)),
+    ("loader", ("snapshot.loader",)),
+)
+
+#: The paths that public modules had before the layer folders, which stay the same module objects.
+OLD_PATHS = ("snapshot.capture", "snapshot.dataloader2", "snapshot.execution", "snapshot.format", "snapshot.graph",
+             "snapshot.multipart", "snapshot.plan", "snapshot.randomness", "snapshot.restore", "snapshot.sharding")
+
+#: Imports the layout rules out although the order above would allow them: ``(importer, imported)``.
+NEVER = (
+    # bytes in and out know nothing of running a graph, nor of who runs it
+    ("snapshot.storage", "snapshot.engine"),
+    ("snapshot.storage", "snapshot.reading_service"),
+)
+
+
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def _layer(module: str) -> int:
+    """The index of ``module``'s layer in :data:`LAYERS`; the front is above them all."""
+    for index, (_, prefixes) in enumerate(LAYERS):
+        if any(_within(module, prefix) for prefix in prefixes):
+            return index
+    return len(LAYERS)
+
+
+def _upward(edges: dict[str, set[str]]) -> list[str]:
+    """Every import of ``edges`` that points to a higher layer or is one of :data:`NEVER`."""
+    names = [name for name, _ in LAYERS] + ["front"]
+    found = []
+    for module, targets in sorted(edges.items()):
+        for target in sorted(targets):
+            if _layer(target) > _layer(module):
+                found.append(f"{module} ({names[_layer(module)]}) imports {target} ({names[_layer(target)]})")
+            elif any(_within(module, a) and _within(target, b) for a, b in NEVER):
+                found.append(f"{module} imports {target}, which the layout rules out")
+    return found
+
+
+def test_the_layer_check_sees_an_import_upward_and_a_ruled_out_one() -> None:
+    edges = {"snapshot.engine.plan": {"snapshot.container.format", "snapshot.errors"},
+             "snapshot.storage._io": {"snapshot.engine.graph", "snapshot.container.format"},
+             "snapshot.loader.dataloader2": {"snapshot.storage._io"}, "snapshot.testing": {"snapshot.loader"}}
+    assert _upward(edges) == [
+        "snapshot.engine.plan (engine) imports snapshot.container.format (container)",
+        "snapshot.storage._io imports snapshot.engine.graph, which the layout rules out"]
+
+
+def test_every_module_is_in_a_layer_folder_or_the_front_or_the_vocabulary() -> None:
+    """The package's root holds only the front and the shared vocabulary; every other module
+    lives in the folder of its layer."""
+    front = {"snapshot.__main__", "snapshot.testing", *OLD_PATHS}
+    at_root = {name for name in MODULES if name.count(".") == 1 and MODULES[name].name != "__init__.py"}
+    loose = sorted(at_root - front - set(LAYERS[0][1]))
+    assert not loose, f"these modules belong in a layer's folder: {loose}"
+
+
+def test_imports_point_down_the_layers() -> None:
+    upward = _upward(_edges())
+    assert not upward, "imports against the layers of docs/architecture.md:\n" + "\n".join(upward)
+
+
+def test_no_module_inside_the_package_imports_an_old_path() -> None:
+    """The old module paths (``snapshot.format`` ...) are for users: the package imports the modules
+    where they live. Only the package's face may, to keep ``snapshot.capture`` and
+    ``snapshot.restore`` the functions they are."""
+    old = set(OLD_PATHS)
+    offenders = sorted(f"{name} imports {sorted(targets & old)}" for name, targets in _edges().items()
+                       if targets & old and name not in old | {"snapshot"})
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_command_line_runs_without_torch(tmp_path: Path) -> None:
+    """``snapshot inspect | verify | diff | graph`` read manifests only: run as the command runs
+    (``python -m snapshot``), they never import torch."""
+    import subprocess
+    import sys
+
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    path = str(tmp_path / "a.snap")
+    with snapshot.DataLoader2(IterableWrapper(range(5))) as dl:
+        next(iter(dl))
+        dl.save_snapshot(path)
+    for args in (["inspect", path], ["verify", path], ["diff", path, path], ["graph", path], ["--help"]):
+        code = (f"import runpy, sys\nsys.argv = ['snapshot', *{args!r}]\nexit = None\n"
+                "try:\n    runpy.run_module('snapshot', run_name='__main__', alter_sys=True)\n"
+                "except SystemExit as exc:\n    exit = exc.code\n"
+                "print('EXIT', exit, 'torch' in sys.modules, file=sys.stderr)")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert out.stderr.strip().splitlines()[-1] == "EXIT 0 False", (args, out.stderr[-2000:])
+
+
+def _reach(edges: dict[str, set[str]], start: str) -> set[str]:
+    """The modules that ``start`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for target in edges.get(todo.pop(), ()):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def test_the_save_path_never_enters_restore_code() -> None:
+    """Saving (``loader/_save.py``, and all it imports) reaches neither the loader's restore nor
+    ``snapshot.restore``: what both need (the digests ahead) lives below both."""
+    restore = {"snapshot.loader._restore", "snapshot.loader.restore", "snapshot.restore"}
+    entered = sorted(_reach(_edges(), "snapshot.loader._save") & restore)
+    assert not entered, f"the save path imports restore code: {entered}"

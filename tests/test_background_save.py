@@ -5,12 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import signal
-import subprocess
-import sys
-import textwrap
 import threading
-import time
 from concurrent.futures import Future
 from typing import Any
 
@@ -19,11 +14,10 @@ import torch
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 import snapshot
-from snapshot import _staging
 from snapshot.reading_service import MultiProcessingReadingService
+from snapshot.storage import _staging
 from snapshot.testing import first_difference
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import kill_once_started, start_slow_save
 
 
 class Gate:
@@ -187,60 +181,14 @@ def test_a_background_save_needs_a_path() -> None:
         dl.save_snapshot(blocking=False)
 
 
-SCRIPT = textwrap.dedent("""
-    import sys, time
-    from torch.utils.data.datapipes.iter import IterableWrapper
-    import snapshot
-
-    HOLD = False
-
-    class Slow:
-        def __init__(self, value):
-            self.value = value
-        def __deepcopy__(self, memo):
-            return Slow(self.value)
-        def __reduce__(self):
-            if HOLD:
-                open(sys.argv[2] + ".started", "w").close()
-                time.sleep(float(sys.argv[3]))
-            return (Slow, (self.value,))
-
-    dl = snapshot.DataLoader2(IterableWrapper([Slow(i) for i in range(20)]).shuffle(buffer_size=4))
-    dl.seed(0)
-    it = iter(dl)
-    next(it)
-    if sys.argv[1] == "kill":
-        dl.save_snapshot(sys.argv[2])              # the previous snapshot, at sample 1
-        next(it)
-    HOLD = True
-    dl.save_snapshot(sys.argv[2], blocking=False)  # held mid-write
-""")
-
-
-def _script(tmp_path, *args: str) -> subprocess.Popen[str]:
-    path = tmp_path / "job.py"
-    path.write_text(SCRIPT)
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    return subprocess.Popen([sys.executable, str(path), *args], env=env, text=True)
-
-
 def test_interpreter_exit_waits_for_the_save(tmp_path) -> None:
     dest = tmp_path / "exit.snap"
-    child = _script(tmp_path, "exit", str(dest), "0.5")
+    child = start_slow_save(tmp_path, "exit", str(dest), f"{dest}.started", 0.5)
     assert child.wait(120) == 0
-    assert snapshot._sources.read_container(dest).manifest["loader"]["yielded"] == 1  # checked, not unpickled
+    assert snapshot.storage._sources.read_container(dest).manifest["loader"]["yielded"] == 1  # checked, not unpickled
 
 
 def test_a_kill_during_a_background_save_leaves_the_previous_snapshot(tmp_path) -> None:
     dest = tmp_path / "kill.snap"
-    child = _script(tmp_path, "kill", str(dest), "600")
-    try:
-        deadline = time.monotonic() + 120
-        while not os.path.exists(f"{dest}.started"):
-            assert child.poll() is None and time.monotonic() < deadline, "the background save never started"
-            time.sleep(0.05)
-        child.send_signal(signal.SIGKILL)
-    finally:
-        child.kill()
-        child.wait(30)
-    assert snapshot._sources.read_container(dest).manifest["loader"]["yielded"] == 1  # checked, not unpickled
+    kill_once_started(start_slow_save(tmp_path, "kill", str(dest), f"{dest}.started", 600), f"{dest}.started")
+    assert snapshot.storage._sources.read_container(dest).manifest["loader"]["yielded"] == 1  # checked, not unpickled

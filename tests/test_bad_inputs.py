@@ -22,19 +22,17 @@ from typing import Any
 import pytest
 
 import snapshot
-from snapshot import _atomic, _dict_form, multipart
 from snapshot import format as fmt
+from snapshot import multipart
 from snapshot.cli import main as cli
-from tests import graphs
+from snapshot.container import _dict_form
+from snapshot.storage import _atomic
+from tests import graphs, helpers
 
 
 def saved(n: int = 30, steps: int = 2) -> tuple[snapshot.Snapshot, list[Any]]:
-    dl = snapshot.DataLoader2(graphs.linear(n=n))
-    dl.seed(3)
-    it = iter(dl)
-    for _ in range(steps):
-        next(it)
-    return dl.save_snapshot(), list(it)
+    with helpers.loader_at(graphs.linear(n=n), steps, seed=3) as (dl, it):
+        return dl.save_snapshot(), list(it)
 
 
 SNAP, REST = saved()
@@ -213,7 +211,7 @@ def test_paths_that_cannot_be_read_or_written_name_the_path(tmp_path: Path) -> N
 
 SAVER = textwrap.dedent("""
     import sys
-    from snapshot import _atomic
+    from snapshot.storage import _atomic
     data = open(sys.argv[1], "rb").read()
     print("ready", flush=True)
     while True:

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 import snapshot
-from snapshot import _sources
 from snapshot import format as fmt
-from tests import graphs
+from snapshot.storage import _sources
+from tests import graphs, helpers
 
 
 def _command_and_env(env: dict[str, str] | None) -> tuple[list[str], dict[str, str]]:
@@ -66,13 +66,8 @@ def run_cli_batch(*calls: list[str], env: dict[str, str] | None = None,
 def save(path: str, factory: Callable[[], Any] = graphs.combining, samples: int = 5, *,
          key: str | None = None, seed: int = 1, reading_service: Any = None) -> str:
     """A snapshot of ``factory()`` after ``samples`` samples, written to ``path``."""
-    dl = snapshot.DataLoader2(factory(), reading_service=reading_service)
-    dl.seed(seed)
-    it = iter(dl)
-    for _ in range(samples):
-        next(it)
-    dl.save_snapshot(path, key=key)
-    dl.shutdown()
+    with helpers.loader_at(factory(), samples, seed=seed, reading_service=reading_service) as (dl, _):
+        dl.save_snapshot(path, key=key)
     return path
 
 

@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-import snapshot
-from tests import graphs
+from tests import graphs, helpers
 from tests.test_cli import long_chain, rewrite, run_cli, run_cli_batch, save, three_shards
 
 Results = dict[str, subprocess.CompletedProcess[str]]
@@ -18,17 +17,13 @@ Results = dict[str, subprocess.CompletedProcess[str]]
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("diff")
-    dl = snapshot.DataLoader2(graphs.combining())
-    dl.seed(1)
-    it = iter(dl)
-    for _ in range(5):
-        next(it)
     paths = {name: str(root / f"{name}.snap") for name in ("a", "a_again", "b", "other_graph", "other_seed")}
-    dl.save_snapshot(paths["a"])
-    dl.save_snapshot(paths["a_again"])  # same position, later: only the creation time differs
-    for _ in range(4):
-        next(it)
-    dl.save_snapshot(paths["b"])
+    with helpers.loader_at(graphs.combining(), 5, seed=1) as (dl, it):
+        dl.save_snapshot(paths["a"])
+        dl.save_snapshot(paths["a_again"])  # same position, later: only the creation time differs
+        for _ in range(4):
+            next(it)
+        dl.save_snapshot(paths["b"])
     save(paths["other_graph"], graphs.linear, samples=5)
     save(paths["other_seed"], graphs.combining, samples=5, seed=2)
     paths["layout"] = rewrite(paths["a"], str(root / "layout.snap"), three_shards)

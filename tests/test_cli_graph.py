@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from snapshot import _sources
+from snapshot.storage import _sources
 from tests import graphs
 from tests.test_cli import rewrite, run_cli, run_cli_batch, save, three_shards
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from snapshot import _sources
 from snapshot import format as fmt
+from snapshot.storage import _sources
 from tests.test_cli import rewrite, run_cli, run_cli_batch, save
 
 Results = dict[str, subprocess.CompletedProcess[str]]

@@ -20,7 +20,7 @@ from snapshot.cli import main
 from snapshot.cli._dot import fold, to_dot
 from snapshot.cli._source import read
 from snapshot.cli._view import read_view
-from tests import graphs
+from tests import graphs, helpers
 
 
 def deep(n: int = 60) -> Any:
@@ -32,11 +32,7 @@ def deep(n: int = 60) -> Any:
 
 
 def save(path: Path, factory: Any, steps: int, service: Any = None) -> str:
-    with snapshot.DataLoader2(factory(), reading_service=service) as dl:
-        dl.seed(7)
-        it = iter(dl)
-        for _ in range(steps):
-            next(it)
+    with helpers.loader_at(factory(), steps, seed=7, reading_service=service) as (dl, _):
         dl.save_snapshot(path, verify=2)
     return str(path)
 

@@ -1,4 +1,4 @@
-"""The state codec (``snapshot._codec``): data round-trips with its types, what is not data goes
+"""The state codec (``snapshot.container._codec``): data round-trips with its types, what is not data goes
 to ``pickled`` with its place, streaming keeps memory flat, and no input runs code or leaks a
 Python exception (only ``CorruptSnapshotError``)."""
 
@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from snapshot._codec import MAX_DEPTH, Decoder, Encoder, Pickled, decode, encode
+from snapshot.container._codec import MAX_DEPTH, Decoder, Encoder, Pickled, decode, encode
 from snapshot.errors import CorruptSnapshotError, UntrustedStateError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -181,7 +181,7 @@ def test_a_decoder_reads_values_one_after_another_and_written_sizes_each(tmp_pat
 
 
 def test_importing_the_codec_imports_neither_torch_nor_numpy() -> None:
-    code = "import sys, snapshot._codec; print(sorted({'torch', 'numpy'} & set(sys.modules)))"
+    code = "import sys, snapshot.container._codec; print(sorted({'torch', 'numpy'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.stdout.strip() == "[]"
@@ -427,7 +427,7 @@ _DECODE_IN_A_FRESH_PROCESS = textwrap.dedent("""
     import sys
     for name in sys.argv[2:]:
         __import__(name)
-    from snapshot._codec import Pickled, decode
+    from snapshot.container._codec import Pickled, decode
     data = open(sys.argv[1], "rb").read()
     before = set(sys.modules)
     value = decode(data, pickled=Pickled)

@@ -264,3 +264,17 @@ def test_pipes_defined_in_a_script_or_notebook(tmp_path) -> None:
         capture_output=True, text=True, timeout=120)
     assert elsewhere.returncode == 0, elsewhere.stderr
     assert elsewhere.stdout.strip() == rest
+
+
+def test_a_service_builds_and_analyzes_the_graph_once(monkeypatch) -> None:
+    """``initialize`` decides the number of logical shards from the graph's analysis and hands
+    the same graph and analysis to ``configure``: the graph is walked and analyzed once."""
+    from snapshot.reading_service import _sharded
+
+    analyzed = []
+    real = _sharded.analyze
+    monkeypatch.setattr(_sharded, "analyze", lambda graph: analyzed.append(graph) or real(graph))
+    service = snapshot.InProcessReadingService(logical_shards=2)
+    with snapshot.DataLoader2(IterableWrapper(range(8)).sharding_filter(), reading_service=service) as dl:
+        assert sorted(dl) == list(range(8))
+    assert len(analyzed) == 1

@@ -10,7 +10,7 @@ from torch.utils.data.datapipes.iter import Batcher, FileLister, IterableWrapper
 
 import snapshot
 from snapshot.errors import __doc__ as errors_doc
-from tests import graphs
+from tests import graphs, helpers
 
 
 def test_hierarchy_is_drawn_in_the_module_docstring() -> None:
@@ -21,7 +21,7 @@ def test_hierarchy_is_drawn_in_the_module_docstring() -> None:
 
 
 def snap_of(factory, samples: int = 3) -> snapshot.Snapshot:
-    return graphs.snapshot_after(factory, samples, seed=0)
+    return helpers.snapshot_after(factory, samples, seed=0)
 
 
 def test_graph_mismatch_names_the_node_and_both_versions() -> None:

@@ -21,7 +21,7 @@ from torch.utils.data.datapipes.iter import IterableWrapper
 
 import snapshot
 from snapshot import format as fmt
-from snapshot._code import code_fingerprint
+from snapshot.engine._code import code_fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
 

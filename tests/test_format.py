@@ -17,11 +17,11 @@ from torch.utils.data.datapipes.iter import IterableWrapper
 
 import snapshot
 from snapshot import format as fmt
-from tests import graphs
+from tests import graphs, helpers
 
 
 def make_snapshot(factory=graphs.linear, samples: int = 3) -> snapshot.Snapshot:
-    return graphs.snapshot_after(factory, samples, seed=1)
+    return helpers.snapshot_after(factory, samples, seed=1)
 
 
 def test_round_trip_through_a_file(tmp_path) -> None:
@@ -77,7 +77,7 @@ def test_a_process_killed_mid_save_leaves_the_previous_file_intact(tmp_path) -> 
     # A child writes a large file through atomic_write and is killed while writing.
     script = textwrap.dedent(f"""
         import os, signal
-        from snapshot import _atomic
+        from snapshot.storage import _atomic
         class Killer:
             def __init__(self): self.n = 0
         real_write = os.write

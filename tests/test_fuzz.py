@@ -24,9 +24,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import snapshot
-from snapshot import _dict_form, _sources, multipart
 from snapshot import format as fmt
-from tests import graphs
+from snapshot import multipart
+from snapshot.container import _dict_form
+from snapshot.storage import _sources
+from tests import graphs, helpers
 
 FUZZ = settings(max_examples=150, derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -39,11 +41,8 @@ MEMORY_SLACK = 1 << 20
 
 
 def small_file(key: str | None = None) -> bytes:
-    dl = snapshot.DataLoader2(graphs.linear(n=12))
-    dl.seed(3)
-    it = iter(dl)
-    next(it)
-    return dl.save_snapshot().to_bytes(key=key)
+    with helpers.loader_at(graphs.linear(n=12), 1, seed=3) as (dl, _):
+        return dl.save_snapshot().to_bytes(key=key)
 
 
 VALID = small_file()

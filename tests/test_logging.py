@@ -11,7 +11,7 @@ from torch.utils.data.datapipes.iter import Batcher, IterableWrapper
 
 import snapshot
 from snapshot import _progress, plan
-from tests import graphs
+from tests import graphs, helpers
 
 
 def hookless(n: int) -> Any:
@@ -20,15 +20,9 @@ def hookless(n: int) -> Any:
 
 def saved_at(factory: Any, steps: int, path: Any) -> list[Any]:
     """Iterate ``steps`` batches of a fresh loader, save to ``path``; the rest of the epoch."""
-    dl = snapshot.DataLoader2(factory())
-    dl.seed(3)
-    it = iter(dl)
-    for _ in range(steps):
-        next(it)
-    dl.save_snapshot(path)
-    rest = list(it)
-    dl.shutdown()
-    return rest
+    with helpers.loader_at(factory(), steps, seed=3) as (dl, it):
+        dl.save_snapshot(path)
+        return list(it)
 
 
 def test_the_package_logger_has_a_null_handler() -> None:
@@ -40,7 +34,7 @@ def test_save_logs_path_size_and_time(tmp_path: Any, caplog: pytest.LogCaptureFi
     path = tmp_path / "data.snap"
     with caplog.at_level(logging.INFO, logger="snapshot"):
         saved_at(graphs.linear, 5, path)
-    [record] = [r for r in caplog.records if r.name == "snapshot._io"]
+    [record] = [r for r in caplog.records if r.name == "snapshot.storage._io"]
     assert record.levelno == logging.INFO
     message = record.getMessage()
     assert str(path) in message and f"{path.stat().st_size:,} bytes" in message and " s" in message
@@ -158,7 +152,7 @@ def test_a_forced_bar_follows_a_long_replay(tmp_path: Any, monkeypatch: pytest.M
 def test_a_forced_bar_follows_a_long_save(tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     tqdm = pytest.importorskip("tqdm")
-    from snapshot import _atomic, _io
+    from snapshot.storage import _atomic, _io
 
     monkeypatch.setattr(tqdm.tqdm, "monitor_interval", 0)
     monkeypatch.setattr(_io, "SAVE_PROGRESS", 1)

@@ -1,7 +1,7 @@
 """Random pipes iterated again within an epoch (``cycle`` over ``shuffle`` and friends).
 
 Each later pass of a random pipe gets a seed derived from its epoch seed and the pass (see
-``snapshot/_passes.py``), saved with the node, so a restore is exact at every cut, in every
+``snapshot/engine/_passes.py``), saved with the node, so a restore is exact at every cut, in every
 pass and at the pass boundaries, and a run that saves yields (and leaves torch's generator)
 exactly as a run that never saves.
 """

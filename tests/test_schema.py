@@ -20,10 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import snapshot
-from snapshot import _dict_form, _payload, _sources, schema
 from snapshot import format as fmt
+from snapshot import schema
 from snapshot.cli import _diff, _dot, _inspect, _view
-from tests import graphs
+from snapshot.container import _dict_form, _payload
+from snapshot.storage import _sources
+from tests import graphs, helpers
 
 CHEAP = settings(max_examples=2000, derandomize=True, deadline=None, database=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -32,13 +34,9 @@ COSTLY = settings(max_examples=120, derandomize=True, deadline=None, database=No
 
 
 def _saved() -> tuple[bytes, list[Any]]:
-    dl = snapshot.DataLoader2(graphs.linear(n=30))
-    dl.seed(3)
-    it = iter(dl)
-    next(it)
-    next(it)
-    data = dl.save_snapshot(verify=2).to_bytes()
-    return data, list(it)
+    with helpers.loader_at(graphs.linear(n=30), 2, seed=3) as (dl, it):
+        data = dl.save_snapshot(verify=2).to_bytes()
+        return data, list(it)
 
 
 DATA, REST = _saved()

@@ -31,16 +31,16 @@ OWNERS = ("schema/", "hooks/", "cli/")
 #: Records of their own that a module writes and reads, whose keys share a word with the payload's.
 OWN_RECORDS: dict[str, set[str]] = {
     # SeedGenerator.state(): its two Philox streams
-    "randomness.py": {"shared", "shard"},
+    "engine/randomness.py": {"shared", "shard"},
     # a distributed snapshot's part info: its rank, file, size, sha256
-    "multipart.py": {"rank"},
-    "_object_directory.py": {"rank"},
+    "container/_parts.py": {"rank"},
+    "storage/_object_directory.py": {"rank"},
     "reading_service/distributed.py": {"rank"},
     # a worker's set-up (its graph, shards, options), sent once when it starts
     "reading_service/_worker.py": {"shards", "buffer_state"},
     # the payload's frame, {"state", "graph", "service"}: the container's, around the state's root
-    "capture.py": {"state", "service"},
-    "_payload.py": {"state", "service"},
+    "container/capture.py": {"state", "service"},
+    "container/_payload.py": {"state", "service"},
 }
 
 

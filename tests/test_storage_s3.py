@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import textwrap
 import time
 import urllib.request
 import uuid
@@ -16,6 +14,7 @@ from torch.utils.data.datapipes.iter import IterableWrapper
 
 import snapshot
 from tests.dist import free_port
+from tests.helpers import kill_once_started, start_slow_save
 
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
@@ -97,53 +96,12 @@ def test_save_load_and_restore_on_s3(s3, tmp_path, monkeypatch, blocking: bool) 
         assert list(again) == rest
 
 
-SCRIPT = textwrap.dedent("""
-    import sys, time
-    from torch.utils.data.datapipes.iter import IterableWrapper
-    import snapshot
-
-    HOLD = False
-
-    class Slow:
-        def __init__(self, value):
-            self.value = value
-        def __deepcopy__(self, memo):
-            return Slow(self.value)
-        def __reduce__(self):
-            if HOLD:
-                open(sys.argv[2], "w").close()
-                time.sleep(600)
-            return (Slow, (self.value,))
-
-    dl = snapshot.DataLoader2(IterableWrapper([Slow(i) for i in range(20)]).shuffle(buffer_size=4))
-    dl.seed(0)
-    it = iter(dl)
-    next(it)
-    dl.save_snapshot(sys.argv[1])              # the previous snapshot, at sample 1
-    next(it)
-    HOLD = True
-    dl.save_snapshot(sys.argv[1], blocking=False)  # killed mid-save
-""")
-
-
 def test_a_kill_during_a_save_to_s3_leaves_the_previous_snapshot(s3, tmp_path) -> None:
     bucket, env = s3
     url = f"s3://{bucket}/run/kill.snap"
-    marker = tmp_path / "started"
-    script = tmp_path / "job.py"
-    script.write_text(SCRIPT)
-    child = subprocess.Popen([sys.executable, str(script), url, str(marker)],
-                             env={**os.environ, **env, "PYTHONPATH": ROOT})
-    try:
-        deadline = time.monotonic() + 120
-        while not marker.exists():
-            assert child.poll() is None and time.monotonic() < deadline, "the background save never started"
-            time.sleep(0.05)
-        child.send_signal(signal.SIGKILL)
-    finally:
-        child.kill()
-        child.wait(30)
-    data = snapshot._sources.read_container(url)  # verified, never unpickled (Slow lives in the script)
+    marker = str(tmp_path / "started")
+    kill_once_started(start_slow_save(tmp_path, "kill", url, marker, 600, env), marker)
+    data = snapshot.storage._sources.read_container(url)  # verified, never unpickled (Slow lives in the script)
     assert data.manifest["loader"]["yielded"] == 1
 
 

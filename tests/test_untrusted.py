@@ -22,7 +22,9 @@ import torch
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 import snapshot
-from snapshot import _dict_form, _payload, format, schema
+from snapshot import format, schema
+from snapshot.container import _dict_form, _payload
+from tests import helpers
 from tests.fixtures.format1 import make as format1
 
 
@@ -64,14 +66,8 @@ def _loader(datapipe: Any = None) -> snapshot.DataLoader2[Any]:
 
 
 def _saved(cut: int = 4, datapipe: Any = None) -> tuple[snapshot.Snapshot, list[Any]]:
-    dl = _loader(datapipe)
-    it = iter(dl)
-    for _ in range(cut):
-        next(it)
-    snap = dl.save_snapshot(include_graph=False)
-    rest = list(it)
-    dl.shutdown()
-    return snap, rest
+    with helpers.loader_at(graph() if datapipe is None else datapipe, cut, seed=3) as (dl, it):
+        return dl.save_snapshot(include_graph=False), list(it)
 
 
 def _forge(snap: snapshot.Snapshot, change: Any, *, version: int = 2) -> tuple[dict[str, Any], bytes]:

@@ -23,9 +23,11 @@ import pytest
 from torch.utils.data.datapipes.iter import IterableWrapper, Mapper, ShardingFilter, Shuffler
 
 import snapshot
-from snapshot import _dict_form, _sources, multipart, schema
 from snapshot import format as fmt
+from snapshot import multipart, schema
 from snapshot.cli import main
+from snapshot.container import _dict_form
+from snapshot.storage import _sources
 from tests import graphs
 from tests.dist import run_ranks
 

@@ -16,7 +16,7 @@ import snapshot
 from snapshot import InProcessReadingService
 from snapshot.reading_service import MultiProcessingReadingService as Workers
 from snapshot.testing import Cut, assert_resumes_exactly, first_difference
-from tests import graphs
+from tests import graphs, helpers
 from tests.conftest import _service_pids, child_pids
 
 SHARDED = [graphs.sharded, graphs.sharded_hookless, graphs.replicated_source, graphs.sharded_batches]
@@ -123,7 +123,7 @@ def test_in_process_leaves_the_callers_generators_alone() -> None:
 # -- layouts -----------------------------------------------------------------------------------
 
 def snapshot_with(service, factory=graphs.sharded, samples: int = 4):
-    return graphs.snapshot_after(factory, samples, seed=0, reading_service=service)
+    return helpers.snapshot_after(factory, samples, seed=0, reading_service=service)
 
 
 def test_more_workers_than_logical_shards_is_refused_before_anything_changes() -> None:

@@ -6,12 +6,12 @@ import argparse
 import json
 from typing import Any
 
-from snapshot import format as fmt
 from snapshot.cli._exit import CommandError
 from snapshot.cli._source import read
 from snapshot.cli._text import count, fit, size, table, terminal_width
 from snapshot.cli._tree import graph_table
 from snapshot.cli._view import Router, Shard, View, read_view
+from snapshot.container import format as fmt
 
 __all__ = ["add_command", "describe_position", "render", "summed"]
 

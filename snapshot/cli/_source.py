@@ -1,7 +1,7 @@
 """What a FILE argument names: a snapshot file, or the directory of a distributed snapshot.
 
 A distributed run saves a directory (``manifest.snap`` and one ``rank-NNNNN.snap`` per rank,
-see ``snapshot/multipart.py``); the commands read its ``manifest.snap``, which describes the
+see ``snapshot/storage/multipart.py``); the commands read its ``manifest.snap``, which describes the
 whole run, and ``verify`` checks every part it lists.
 """
 
@@ -11,9 +11,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from snapshot import _sources
-from snapshot import format as fmt
+from snapshot.container import format as fmt
 from snapshot.errors import SnapshotFileError
+from snapshot.storage import _sources
 
 __all__ = ["Source", "locate", "part_path", "read"]
 

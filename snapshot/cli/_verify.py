@@ -18,14 +18,15 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from typing import Any
 
-from snapshot import _sources, _storage, multipart, schema
-from snapshot import format as fmt
+from snapshot import schema
 from snapshot._version import __version__
 from snapshot.cli._exit import EXIT_INVALID, EXIT_OK, EXIT_PROBLEM, CommandError
 from snapshot.cli._source import Source, locate, part_path
 from snapshot.cli._text import MAX_LISTED, count, fit, more
 from snapshot.cli._view import PartFile, View, read_view
+from snapshot.container import format as fmt
 from snapshot.errors import CorruptSnapshotError, ManifestError, SignatureError, SnapshotFileError
+from snapshot.storage import _fsspec, _sources, multipart
 
 __all__ = ["Check", "add_command", "load_factory"]
 
@@ -147,7 +148,7 @@ def load_factory(spec: str) -> Any:
 
 
 def _graph(view: View, spec: str, datapipe: Any) -> Check:
-    from snapshot.graph import Graph, compare_nodes
+    from snapshot.engine.graph import Graph, compare_nodes
 
     graph = Graph(datapipe)
     saved = [node.to_dict() for node in view.nodes]
@@ -186,8 +187,8 @@ def _payload(view: View, container: fmt.Container) -> Check:
 
 def _read(path: str) -> bytes:
     """A file's bytes, or an object's behind an fsspec URL."""
-    if _storage.is_url(path):
-        return _storage.read_bytes(path)
+    if _fsspec.is_url(path):
+        return _fsspec.read_bytes(path)
     with open(path, "rb") as f:
         return f.read()
 
@@ -294,7 +295,7 @@ def _report(path: str, checks: list[Check]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not _storage.is_url(args.file) and not os.path.exists(args.file):
+    if not _fsspec.is_url(args.file) and not os.path.exists(args.file):
         raise CommandError(f"{args.file}: no such file", EXIT_INVALID)
     source = locate(args.file)  # a file, or a distributed snapshot's directory
     key, key_source = _key(args)

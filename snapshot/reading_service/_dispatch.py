@@ -19,17 +19,17 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from snapshot.engine.execution import Run, capture_persistent
+from snapshot.engine.graph import Graph
+from snapshot.engine.plan import RestoreStrategy
+from snapshot.engine.randomness import EpochSeeds
+from snapshot.engine.sharding import Topology
 from snapshot.errors import ExecutionError
-from snapshot.execution import Run, capture_persistent
-from snapshot.graph import Graph
-from snapshot.plan import RestoreStrategy
-from snapshot.randomness import EpochSeeds
 from snapshot.reading_service._engine import restore_plans, start_upstream
 from snapshot.reading_service._recombine import parts, recombine
 from snapshot.reading_service._rng import GlobalRNG, plain_rng, raw_from_plain, raw_rng, seeded_rng, set_raw_rng
 from snapshot.reading_service._routing import Router
 from snapshot.schema import ServiceState, ShardState, UpstreamState
-from snapshot.sharding import Topology
 
 __all__ = ["DispatchFailed", "Dispatcher"]
 

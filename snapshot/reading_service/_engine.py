@@ -18,15 +18,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from snapshot.execution import Run, capture_persistent, restore_persistent, rewind
-from snapshot.graph import Graph
-from snapshot.plan import RestoreStrategy, make_plan
-from snapshot.randomness import EpochSeeds
+from snapshot.engine.execution import Run, capture_persistent, restore_persistent, rewind
+from snapshot.engine.graph import Graph
+from snapshot.engine.plan import RestoreStrategy, make_plan
+from snapshot.engine.randomness import EpochSeeds
+from snapshot.engine.sharding import Topology, WorkerInfo
 from snapshot.reading_service._reread import reread
 from snapshot.reading_service._rng import GlobalRNG, _ShardRNG, raw_from_plain, seeded_rng
 from snapshot.reading_service._routing import RemoteFetch, RemoteRouter, Router, RouterPort, _outer
 from snapshot.schema.state import NodeState, RouterState, ShardState, UpstreamState
-from snapshot.sharding import Topology, WorkerInfo
 
 __all__ = ["EngineState", "ShardEngine", "counts", "restore_plans", "start_upstream"]
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from snapshot.randomness import EpochSeeds
+from snapshot.engine.randomness import EpochSeeds
 from snapshot.reading_service._engine import EngineState
 from snapshot.schema import ServiceState, ShardState
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
+from snapshot.engine.sharding import Topology
 from snapshot.errors import LayoutError
 from snapshot.reading_service._engine import EngineState
 from snapshot.schema.state import RouterState, ShardState, UpstreamState
-from snapshot.sharding import Topology
 
 __all__ = ["Part", "parts", "recombine"]
 

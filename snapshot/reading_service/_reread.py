@@ -23,13 +23,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from snapshot._serialization import clone
+from snapshot.container._serialization import clone
+from snapshot.engine.execution import Run, capture_persistent, restore_persistent
+from snapshot.engine.graph import ROOT, Graph
+from snapshot.engine.plan import RestoreStrategy, make_plan
+from snapshot.engine.randomness import pass_seed
 from snapshot.errors import LayoutError, ShardingError
-from snapshot.execution import Run, capture_persistent, restore_persistent
-from snapshot.graph import ROOT, Graph
 from snapshot.hooks._base import ResumableIterator
-from snapshot.plan import RestoreStrategy, make_plan
-from snapshot.randomness import pass_seed
 from snapshot.reading_service._routing import Router
 from snapshot.schema.state import NodeState, RouterState, ShardState
 

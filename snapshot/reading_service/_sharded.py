@@ -14,11 +14,12 @@ from abc import abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
-from snapshot import _serialization
+from snapshot.container import _serialization
+from snapshot.engine.graph import Graph
+from snapshot.engine.plan import RestoreStrategy
+from snapshot.engine.randomness import EpochSeeds, SeedGenerator, epoch_seeds
+from snapshot.engine.sharding import Topology, WorkerInfo, analyze
 from snapshot.errors import LayoutError, ShardingError
-from snapshot.graph import Graph
-from snapshot.plan import RestoreStrategy
-from snapshot.randomness import EpochSeeds, SeedGenerator, epoch_seeds
 from snapshot.reading_service._engine import EngineState, ShardEngine
 from snapshot.reading_service._merge import RoundRobin, merge_state_for, service_state
 from snapshot.reading_service._recombine import parts, recombine
@@ -28,7 +29,6 @@ from snapshot.reading_service._tail import Tail, check_restarted
 from snapshot.reading_service._worker_reset import same_layout_problems
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint, as_record
 from snapshot.schema import ServiceState
-from snapshot.sharding import Topology, WorkerInfo, analyze
 
 __all__ = ["Executor", "LocalExecutor", "ShardedService", "resolve_logical_shards"]
 
@@ -148,17 +148,24 @@ class ShardedService(ReadingServiceInterface):
 
     def initialize(self, datapipe: Any) -> _Output:
         datapipe = self._prepare(datapipe)
-        count = resolve_logical_shards(self.logical_shards, analyze(Graph(datapipe)), self._default_shards())
-        self.configure(datapipe, count, range(count))
+        graph = Graph(datapipe)
+        analysis = analyze(graph)
+        count = resolve_logical_shards(self.logical_shards, analysis, self._default_shards())
+        self.configure(datapipe, count, range(count), graph=graph, analysis=analysis)
         return _Output(self)
 
-    def configure(self, datapipe: Any, count: int, shards: Sequence[int], units: int | None = None) -> None:
+    def configure(self, datapipe: Any, count: int, shards: Sequence[int], units: int | None = None, *,
+                  graph: Graph | None = None, analysis: Topology | None = None) -> None:
         """Run ``shards`` (a rank's share, or all) of the ``units`` (default: ``count``) units of
-        ``count`` logical shards of ``datapipe``."""
+        ``count`` logical shards of ``datapipe``. A caller that has built ``datapipe``'s graph
+        and analyzed it already passes both (``analysis`` is ``analyze(graph)``), so that neither
+        is done twice."""
         self.finalize()
         units = units or count
-        graph = Graph(datapipe)
-        topology = analyze(graph).for_shards(units)
+        if graph is None or analysis is None:
+            graph = Graph(datapipe)
+            analysis = analyze(graph)
+        topology = analysis.for_shards(units)
         self._graph, self._topology, self._count, self._units = graph, topology, count, units
         self._owned = list(shards)
         self._executor = self._make_executor(datapipe, graph, self._topology, units, self._owned)

@@ -20,12 +20,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from snapshot.engine.sharding import Topology
 from snapshot.errors import LayoutError
 from snapshot.reading_service._even import saved_ended
 from snapshot.reading_service._reread import check_one_pass
 from snapshot.reading_service._routing import Deal
 from snapshot.schema import ServiceState, ShardState, UpstreamState
-from snapshot.sharding import Topology
 
 __all__ = ["epoch_finished", "epoch_units", "restore_units", "split"]
 

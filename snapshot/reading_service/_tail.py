@@ -22,17 +22,17 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from snapshot import _serialization
+from snapshot.container import _serialization
+from snapshot.engine.execution import Run, capture_persistent, restore_persistent
+from snapshot.engine.graph import ROOT, Graph
+from snapshot.engine.plan import RestoreStrategy, make_plan
+from snapshot.engine.randomness import EpochSeeds
+from snapshot.engine.sharding import Topology
 from snapshot.errors import RestoreError, ShardingError
-from snapshot.execution import Run, capture_persistent, restore_persistent
-from snapshot.graph import ROOT, Graph
-from snapshot.plan import RestoreStrategy, make_plan
-from snapshot.randomness import EpochSeeds
 from snapshot.reading_service._engine import counts
 from snapshot.reading_service._merge import CONSUMED, RoundRobin
 from snapshot.reading_service._rng import GlobalRNG, plain_rng, raw_from_plain, raw_rng, seeded_rng, set_raw_rng
 from snapshot.schema.state import NodeState, TailState
-from snapshot.sharding import Topology
 
 __all__ = ["Tail", "check_restarted"]
 

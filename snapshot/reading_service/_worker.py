@@ -36,7 +36,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import snapshot.reading_service._transport as transport
-from snapshot import _serialization
+from snapshot.container import _serialization
 
 
 def describe_error(exc: BaseException) -> dict[str, Any]:
@@ -109,10 +109,10 @@ def _serve(requests: Connection, sender: transport.Sender, setup: bytes, parent:
 
 
 def _make_engine(config: dict[str, Any], fetch: Any) -> Any:
-    from snapshot.graph import Graph
+    from snapshot.engine.graph import Graph
+    from snapshot.engine.sharding import analyze
     from snapshot.reading_service._engine import ShardEngine
     from snapshot.reading_service._worker_reset import ResetEngine
-    from snapshot.sharding import analyze
 
     template = config["graph"]
     graph = Graph(_serialization.loads_graph(template))
@@ -211,8 +211,8 @@ class _Server:
         return True
 
     def _start(self, message: tuple[Any, ...]) -> None:
-        from snapshot.plan import RestoreStrategy
-        from snapshot.randomness import EpochSeeds
+        from snapshot.engine.plan import RestoreStrategy
+        from snapshot.engine.randomness import EpochSeeds
 
         kind, tag = message[0], message[1]
         self.epoch = tag  # a restore may already need the dispatcher's samples

@@ -27,13 +27,13 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from snapshot.engine.graph import ROOT, Graph
+from snapshot.engine.plan import RestoreStrategy
+from snapshot.engine.randomness import EpochSeeds, SeedGenerator
+from snapshot.engine.sharding import WorkerInfo
 from snapshot.errors import ExecutionError
-from snapshot.graph import ROOT, Graph
-from snapshot.plan import RestoreStrategy
-from snapshot.randomness import EpochSeeds, SeedGenerator
 from snapshot.reading_service._engine import EngineState, ShardEngine
 from snapshot.schema import ServiceState
-from snapshot.sharding import WorkerInfo
 
 __all__ = ["RESET_FN", "ResetEngine", "callable_name", "reset_generator", "same_layout_problems"]
 

@@ -31,8 +31,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from snapshot import schema
+from snapshot.engine.randomness import SeedGenerator
 from snapshot.errors import SnapshotError
-from snapshot.randomness import SeedGenerator
 
 __all__ = ["ReadingServiceInterface", "ServiceCheckpoint", "as_record"]
 

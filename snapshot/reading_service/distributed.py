@@ -35,12 +35,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from snapshot import _atomic, format, multipart
+from snapshot.container import format
+from snapshot.engine.graph import Graph
+from snapshot.engine.plan import RestoreStrategy
+from snapshot.engine.randomness import SeedGenerator
+from snapshot.engine.sharding import analyze
 from snapshot.errors import RankError, ShardingError, SnapshotError
-from snapshot.graph import Graph
-from snapshot.multipart import distributed_manifest, part_info
-from snapshot.plan import RestoreStrategy
-from snapshot.randomness import SeedGenerator
 from snapshot.reading_service._even import FIRST, EvenBatches, First, deal, saved_first, saved_last
 from snapshot.reading_service._sharded import ShardedService, resolve_logical_shards
 from snapshot.reading_service._split import epoch_units, restore_units
@@ -48,7 +48,8 @@ from snapshot.reading_service._worker_reset import same_layout_problems
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint, as_record
 from snapshot.reading_service.in_process import InProcessReadingService
 from snapshot.schema import ServiceState
-from snapshot.sharding import analyze
+from snapshot.storage import _atomic, multipart
+from snapshot.storage.multipart import distributed_manifest, part_info
 
 __all__ = ["Collective", "DistributedReadingService"]
 
@@ -241,7 +242,7 @@ class DistributedReadingService(ReadingServiceInterface):
                 "dataset: add .sharding_filter() where samples may be split")
         count = resolve_logical_shards(requested, topology, default)
         units = epoch_units(count, collective.world)
-        self.executor.configure(datapipe, count, self.owned(units), units)
+        self.executor.configure(datapipe, count, self.owned(units), units, graph=graph, analysis=topology)
         return _Output(self)
 
     def initialize_iteration(

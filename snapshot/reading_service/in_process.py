@@ -6,12 +6,12 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from snapshot import _serialization
-from snapshot.graph import Graph
-from snapshot.randomness import SeedGenerator
+from snapshot.container import _serialization
+from snapshot.engine.graph import Graph
+from snapshot.engine.randomness import SeedGenerator
+from snapshot.engine.sharding import Topology, WorkerInfo
 from snapshot.reading_service._rng import GlobalRNG
 from snapshot.reading_service._sharded import Executor, LocalExecutor, ShardedService, resolve_logical_shards
-from snapshot.sharding import Topology, WorkerInfo
 
 __all__ = ["InProcessReadingService", "resolve_logical_shards"]
 

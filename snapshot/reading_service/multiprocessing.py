@@ -24,10 +24,11 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from snapshot import _serialization
 from snapshot._warnings import user_stacklevel
+from snapshot.container import _serialization
+from snapshot.engine.graph import Graph
+from snapshot.engine.sharding import Topology, WorkerInfo, analyze
 from snapshot.errors import LayoutError
-from snapshot.graph import Graph
 from snapshot.reading_service._dispatch import Dispatcher
 from snapshot.reading_service._pool import WorkerPool
 from snapshot.reading_service._rng import GlobalRNG
@@ -35,7 +36,6 @@ from snapshot.reading_service._sharded import Executor, LocalExecutor, ShardedSe
 from snapshot.reading_service._worker_reset import RESET_FN, callable_name
 from snapshot.reading_service.base import ServiceCheckpoint, as_record
 from snapshot.schema import ServiceState
-from snapshot.sharding import Topology, WorkerInfo, analyze
 
 __all__ = ["MultiProcessingReadingService"]
 

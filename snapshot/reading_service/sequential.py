@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from snapshot.plan import RestoreStrategy
-from snapshot.randomness import SeedGenerator
+from snapshot.engine.plan import RestoreStrategy
+from snapshot.engine.randomness import SeedGenerator
 from snapshot.reading_service._sharded import ShardedService
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint
 from snapshot.reading_service.distributed import DistributedReadingService

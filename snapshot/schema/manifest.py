@@ -32,7 +32,7 @@ _SAVE_ID = re.compile(r"[0-9a-f]{12,32}")
 
 
 #: How a payload encodes its state: ``pickle`` (format 1: one pickle, a restore runs code from the
-#: file) or ``data`` (format 2: the data encoding of :mod:`snapshot._codec`, then a pickled section).
+#: file) or ``data`` (format 2: the data encoding of :mod:`snapshot.container._codec`, then a pickled section).
 PAYLOAD_ENCODINGS = ("pickle", "data")
 
 

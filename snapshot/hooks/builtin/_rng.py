@@ -7,7 +7,7 @@ from typing import Any
 
 #: Key of a random hook's state: the values of its other keys as they were when its current
 #: pass began, for a pipe that keeps its generator when a ``cycle`` starts it again; a replay
-#: from the start of that pass rewinds to them (see :mod:`snapshot._passes`).
+#: from the start of that pass rewinds to them (see :mod:`snapshot.engine._passes`).
 AT_PASS_START = "at_pass_start"
 
 

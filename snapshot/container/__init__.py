@@ -1,0 +1,1 @@
+"""The snapshot file and what it holds: the format, the Snapshot, the encoding of states."""

@@ -1,0 +1,376 @@
+"""The :class:`Snapshot` and :func:`capture` (saving and loading are in :mod:`snapshot.storage._io`).
+
+A snapshot has two halves. The *manifest* is plain JSON that describes everything a person
+or a tool needs to see (versions, the graph as a tree of node paths, positions, seeds,
+layout, sizes, checksums) and is readable without unpickling. The *payload* holds what
+a restore needs as Python objects: the loader and reading-service state (node states,
+buffered samples), and optionally the pickled graph and reading-service configuration.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import functools
+import hashlib
+import json
+import logging
+import platform
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+from snapshot import schema
+from snapshot._version import __version__
+from snapshot.container import _dict_form, _parts, _payload, format
+from snapshot.errors import ManifestError, SnapshotFileError
+
+__all__ = ["LoaderState", "Snapshot", "capture", "capture_source", "encode", "snapshot_of"]
+
+
+@dataclass
+class LoaderState:
+    """What a loader reports for a capture (see ``DataLoader2._snapshot_source``)."""
+
+    epoch: int
+    yielded: int
+    epoch_finished: bool
+    seed: int | None
+    seed_given: bool
+    pending_seed: int | None
+    generator: dict[str, Any] | None
+    service: dict[str, Any]
+    service_name: str
+    graph_nodes: list[dict[str, Any]]
+    graph_fingerprint: str
+    graph_bytes: bytes | None
+    service_bytes: bytes | None
+    lookahead: list[Any] = field(default_factory=list)
+    verify: dict[str, Any] | None = None
+    code_changes: str = "refuse"
+
+    def restore_state(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "yielded": self.yielded,
+            "epoch_finished": self.epoch_finished,
+            "seed": self.seed,
+            "seed_given": self.seed_given,
+            "pending_seed": self.pending_seed,
+            "generator": self.generator,
+            "service": self.service,
+            "lookahead": list(self.lookahead),
+        }
+
+
+def _seed_digest(value: Any) -> str:
+    return hashlib.sha256(repr(value).encode()).hexdigest()[:12]
+
+
+_log = logging.getLogger(__name__)
+
+@functools.lru_cache(maxsize=1)
+def _installed_versions() -> tuple[tuple[str, str], ...]:
+    """Package versions, read once per process (reading package metadata costs milliseconds)."""
+    import torch
+
+    versions = {"snapshot": __version__, "torch": str(torch.__version__), "python": platform.python_version()}
+    for package in ("dill", "torchdata"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            pass
+    return tuple(versions.items())
+
+
+def _versions() -> dict[str, str]:
+    return dict(_installed_versions())
+
+
+def _node_positions(records: Mapping[str, schema.NodeState], replayed: set[str]) -> dict[str, schema.NodePosition]:
+    return {path: schema.NodePosition(
+        yielded=record.yielded,
+        state_bytes=None if record.state is None else _payload.size_of(record.state),
+        buffered=record.buffered,
+        restore="replay" if path in replayed else "state",
+        buffer_state=record.buffer_state,
+    ) for path, record in records.items()}
+
+
+def _shard_position(shard: schema.ShardState | None) -> schema.ShardPosition | None:
+    if shard is None:
+        return None  # run elsewhere (another rank)
+    plan = shard.plan or schema.PlanState()
+    return schema.ShardPosition(
+        yielded=shard.yielded,
+        produced=shard.produced,
+        exhausted=shard.taken_all,
+        in_flight=len(shard.in_flight),
+        plan=schema.PlanSummary(tuple(schema.Driver(path, count) for path, count in plan.drivers),
+                                dict(plan.reasons),
+                                # how each buffering node saved its samples: "positions" or "values[: why]"
+                                {path: record.buffer_state for path, record in shard.nodes.items()
+                                 if record.buffer_state is not None}),
+        nodes=_node_positions(shard.nodes, set(plan.replayed_nodes)),
+    )
+
+
+def _upstream_position(upstream: schema.UpstreamState) -> schema.UpstreamPosition:
+    return schema.UpstreamPosition(
+        shards=tuple(upstream.shards),
+        routers={path: schema.RouterPosition(r.position, r.ended, {str(s): len(q) for s, q in r.queues.items()})
+                 for path, r in upstream.routers.items()},
+        nodes=_node_positions(upstream.nodes, set()),
+    )
+
+
+def _node_seeds(seeds: schema.SeedsState | None) -> dict[str, str]:
+    """Fingerprints of the epoch's seeds, per node path (``@shardN`` when there are several shards)."""
+    if seeds is None:
+        return {}
+    node_seeds = {path: _seed_digest(seed) for path, seed in seeds.shared.items()}
+    for shard_index, shard_seeds in enumerate(seeds.shards):
+        for path, seed in shard_seeds.items():
+            node_seeds[path if len(seeds.shards) == 1 else f"{path}@shard{shard_index}"] = _seed_digest(seed)
+    return node_seeds
+
+
+def _manifest(source: LoaderState, payload: dict[str, Any]) -> schema.Manifest:
+    """The manifest of ``source``, whose payload ``payload`` records (size, digest, sections)."""
+    service = schema.ServiceState.from_dict(source.service or {})
+    verify = source.verify
+    return schema.Manifest(
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds"),
+        versions=_versions(),
+        loader=schema.LoaderPosition(source.epoch, source.yielded, source.epoch_finished, len(source.lookahead)),
+        randomness=schema.Randomness(
+            seed=source.seed,
+            seed_source="user" if source.seed_given else ("drawn" if source.seed is not None else None),
+            node_seeds=_node_seeds(None if service is None else service.seeds)),
+        graph=schema.GraphDesc(source.graph_fingerprint, source.graph_bytes is not None,
+                               tuple(schema.NodeDesc.from_dict(n) for n in source.graph_nodes),
+                               source.code_changes),
+        service=schema.ServiceLayout.from_dict({"name": source.service_name,
+                                                **({} if service is None else service.layout)}),
+        shards=() if service is None else tuple(_shard_position(s) for s in service.shards),
+        upstream=() if service is None else tuple(_upstream_position(u) for u in service.upstream),
+        verify=None if verify is None else schema.VerifyRecord.from_dict(verify),
+        payload=schema.PayloadRecord.from_dict(payload),
+    )
+
+
+class Snapshot:
+    """A captured data position: a JSON ``manifest`` plus the payload a restore needs.
+
+    The payload (``state``, ``graph``, ``service``) is decoded when first used: a snapshot that
+    was just written to a file reads its payload back from there only if asked. A distributed
+    snapshot (a directory, or a state dict with ``parts``) loads as one snapshot whose ``parts``
+    are the ranks' own snapshots.
+    """
+
+    def __init__(self, manifest: dict[str, Any] | schema.Manifest, state: dict[str, Any] | None = None,
+                 graph: bytes | None = None, service: bytes | None = None,
+                 payload: bytes | Callable[[], bytes] = b"", parts: list[Snapshot] | None = None):
+        if isinstance(manifest, schema.Manifest):
+            #: The manifest, typed (see :mod:`snapshot.schema`).
+            self.info = manifest
+            #: The manifest as JSON-able dicts, as written in the file.
+            self.manifest = manifest.to_dict()
+        else:
+            self.info = schema.Manifest.from_dict(manifest)
+            self.manifest = manifest
+        self._body: dict[str, Any] | None = None
+        if state is not None:
+            self._body = {"state": state, "graph": graph, "service": service}
+        self._payload_source = payload
+        self._handed_out = False
+        self.parts = parts
+
+    @functools.cached_property
+    def saved(self) -> schema.SavedState:
+        """The loader's state, typed and validated (read once; a loaded snapshot's is read when loaded)."""
+        return schema.SavedState.from_dict(self.state)
+
+    @property
+    def _payload(self) -> bytes:
+        if callable(self._payload_source):
+            self._payload_source = self._payload_source()
+        return self._payload_source
+
+    def _decoded(self) -> dict[str, Any]:
+        if self._body is None:  # our own capture, or a load that already checked trust
+            assert self.info.payload is not None
+            self._body = _payload.read(self._payload, self.info.payload, trusted=True, source="<snapshot>")
+        return self._body
+
+    def take_saved(self) -> schema.SavedState:
+        """:attr:`saved` for a restore to consume (a fresh copy after the first: see :meth:`take_state`)."""
+        if not self._handed_out:
+            self._handed_out = True
+            return self.saved
+        return schema.SavedState.from_dict(self.take_state())
+
+    def take_state(self) -> dict[str, Any]:
+        """The saved state for a restore to consume: pipes may keep and change what they are given
+        (a buffer list), so each call after the first decodes a fresh copy."""
+        if not self._handed_out:
+            self._handed_out = True
+            return self.state
+        if self.parts is None and self.info.payload is not None and self.info.payload.size:
+            fresh = _payload.read(self._payload, self.info.payload, trusted=True, source="<snapshot>")
+            state: dict[str, Any] = fresh["state"]
+            return state
+        return copy.deepcopy(self.state)
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """The loader's saved state (position, randomness, the reading service's checkpoint)."""
+        state: dict[str, Any] = self._decoded()["state"]
+        return state
+
+    @property
+    def graph(self) -> bytes | None:
+        """The graph's dill pickle (``None``: saved with ``include_graph=False``)."""
+        return self._decoded()["graph"] if self.info.graph.included else None
+
+    @property
+    def service(self) -> bytes | None:
+        """The reading service's pickle."""
+        service: bytes | None = self._decoded()["service"]
+        return service
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the snapshot was taken in (``-1`` before the first)."""
+        return self.info.loader.epoch
+
+    @property
+    def yielded(self) -> int:
+        """Samples the loader had yielded in that epoch."""
+        return self.info.loader.yielded
+
+    @property
+    def seed(self) -> int | None:
+        return self.info.randomness.seed
+
+    def __repr__(self) -> str:
+        return (f"Snapshot(epoch={self.epoch}, yielded={self.yielded}, "
+                f"nodes={len(self.info.graph.nodes)}, "
+                f"graph={'included' if self.info.graph.included else 'not included'})")
+
+    @property
+    def identity(self) -> str:
+        """A digest that differs between any two snapshots (used to check ranks agree)."""
+        return hashlib.sha256(json.dumps(self.manifest, sort_keys=True).encode()).hexdigest()
+
+    def to_bytes(self, *, key: bytes | str | None = None) -> bytes:
+        """The snapshot file's bytes (signed when a key is given or ``$SNAPSHOT_KEY`` is set)."""
+        if self.parts is not None:
+            raise SnapshotFileError(
+                "a distributed snapshot is a directory of parts, not one file: save it with "
+                "save_snapshot(directory) on every rank, or use state_dict()")
+        return format.pack(self.manifest, self._payload, key=key)
+
+    def state_dict(self, *, key: bytes | str | None = None) -> dict[str, Any]:
+        """The plain-dict form: ``{"snapshot_format", "manifest", "payload"}`` (signed when a key
+        is given or ``$SNAPSHOT_KEY`` is set)."""
+        if self.parts is not None:
+            blobs = [part.to_bytes(key=key) for part in self.parts]  # each part signed like the whole
+            infos = [_parts.part_info(rank, part.manifest, blob)
+                     for rank, (part, blob) in enumerate(zip(self.parts, blobs))]
+            return _parts.parts_state_dict(infos, blobs, key=key)
+        return _dict_form.to_state_dict(self.manifest, self._payload, key=key)
+
+    @classmethod
+    def from_container(cls, container: format.Container, *, source: str, trusted: bool = False) -> Snapshot:
+        """The snapshot in a verified container, decoded; its state is checked against the schema.
+
+        A payload that would unpickle something from the file (format 1, or values that are not
+        data) is refused with an :class:`~snapshot.errors.UntrustedStateError` unless ``trusted``.
+        """
+        assert container.payload is not None
+        if container.info.is_index:
+            raise SnapshotFileError(
+                "this is the index of a distributed snapshot (its manifest.snap): pass the directory that "
+                "holds it and the ranks' parts", source=source)
+        record = container.info.payload or schema.PayloadRecord(len(container.payload), "")
+        body = _payload.read(container.payload, record, trusted=trusted, source=source)
+        try:
+            saved = schema.SavedState.from_dict(body["state"])
+        except ManifestError as exc:
+            raise exc.at(source) from None
+        snap = cls(container.info, payload=container.payload)
+        snap._body = body
+        snap.__dict__["saved"] = saved  # validated once: see Snapshot.saved
+        return snap
+
+
+class _Memory:
+    """A payload written into memory (pieces joined once), hashed as it goes."""
+
+    def __init__(self) -> None:
+        self.pieces: list[bytes] = []
+        self._hash = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: Any) -> None:
+        # a large piece is a view of a captured array or bytes: joined once, not copied twice
+        keep = isinstance(data, bytes) or memoryview(data).nbytes >= 1 << 20
+        self.pieces.append(data if keep else bytes(data))
+        self._hash.update(data)
+        self.size += memoryview(data).nbytes
+
+    @property
+    def sha256(self) -> str:
+        return self._hash.hexdigest()
+
+
+def capture(loader: Any, *, include_graph: bool = True, verify: int = 0) -> Snapshot:
+    """Capture the current position of ``loader`` (a :class:`~snapshot.DataLoader2`).
+
+    With ``verify=K`` the next K samples are computed ahead (and then served by the loader
+    from a buffer, so nothing is lost), and their fingerprints are recorded: a restore
+    compares them with the samples it produces and refuses a stream that diverges.
+    """
+    return snapshot_of(capture_source(loader, include_graph=include_graph, verify=verify))
+
+
+def capture_source(loader: Any, *, include_graph: bool = True, verify: int = 0) -> LoaderState:
+    """What :func:`capture` encodes: the loader's state as it reports it, not yet encoded.
+
+    With ``verify=K`` the next K samples are computed ahead (and then served by the loader
+    from a buffer, so nothing is lost), and their fingerprints are recorded: a restore
+    compares them with the samples it produces and refuses a stream that diverges.
+    """
+    if not callable(getattr(loader, "_snapshot_source", None)):
+        raise TypeError(f"snapshot.capture() takes a snapshot.DataLoader2, not a {type(loader).__name__}")
+    if isinstance(verify, bool) or not isinstance(verify, int) or verify < 0:
+        raise TypeError(f"verify must be a non-negative int (samples to fingerprint ahead), not {verify!r}")
+    from snapshot.engine.plan import check_restorable
+
+    if getattr(loader, "_graph", None) is not None:
+        check_restorable(loader._graph)  # refuse before anything is computed ahead or written
+    source: LoaderState = loader._snapshot_source(include_graph=include_graph, verify=verify)
+    return source
+
+
+def encode(source: LoaderState, writer: Any) -> schema.Manifest:
+    """Write ``source``'s payload into ``writer`` (``write``, ``size``, ``sha256``: a
+    :class:`snapshot.format.Writer` or one in memory) as it is encoded; the manifest that records it.
+
+    Node states and samples are written as data straight from the captured objects, so a save
+    adds little memory above the state itself (see :mod:`snapshot.container._payload`).
+    """
+    body = {"state": source.restore_state(), "graph": source.graph_bytes, "service": source.service_bytes}
+    sections = _payload.write(body, writer.write)
+    graph_size, service_size = len(source.graph_bytes or b""), len(source.service_bytes or b"")
+    parts = {"graph": graph_size, "service": service_size, "state": writer.size - graph_size - service_size}
+    return _manifest(source, {**sections, "size": writer.size, "sha256": writer.sha256, "parts": parts})
+
+
+def snapshot_of(source: LoaderState) -> Snapshot:
+    """The :class:`Snapshot` of a captured loader state, its payload encoded in memory."""
+    memory = _Memory()
+    manifest = encode(source, memory)
+    return Snapshot(manifest, payload=b"".join(memory.pieces))

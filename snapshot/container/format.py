@@ -1,0 +1,400 @@
+"""The snapshot file format, versions 2 and 1: container, manifest, checksums, signing.
+
+A snapshot file (format 2) is::
+
+    offset  size  field
+    0       13    magic  b"\\x89snapshot\\r\\n\\x1a\\n"  (catches text-mode and truncated copies)
+    13      2     container version, little-endian (2)
+    15      2     flags (bit 0: signed)
+    17      4     manifest length M
+    21      8     payload length P
+    29      32    sha256 of the manifest bytes
+    61      32    sha256 of the payload bytes
+    93      P     payload: the state as data (see :mod:`snapshot.container._payload`), then any pickled section
+    93+P    M     manifest: UTF-8 JSON object, readable without decoding the payload
+    93+P+M  32    HMAC-SHA256 of bytes [0, 93) under the user's key, only when signed
+
+The manifest comes after the payload so that a save can write the payload as it encodes it and
+the manifest once it knows the payload's sizes and digest; the header, written last, says where
+the manifest is (a save writes a temporary file and renames it, so a reader never sees a header
+without its body). Format 1 (still read) has the manifest before the payload, and its payload is
+one pickle. The header carries both digests, so the HMAC over the header authenticates the whole
+file. Readers check, in order: magic, container version, sizes against the real file size,
+manifest digest, manifest JSON, manifest format version, the signature (with a key), every
+field of the manifest against :mod:`snapshot.schema` (a ``ManifestError`` names the field),
+then (only when the payload is needed) the payload digest, and only then decode it.
+
+A snapshot can also travel as a plain dict (``DataLoader2.state_dict()``, :mod:`snapshot.container._dict_form`),
+or as a directory of one file per rank (:mod:`snapshot.multipart`). Files are written atomically by
+:mod:`snapshot.storage._atomic`.
+
+Reading bytes from a path, a URL or a directory is :mod:`snapshot.storage._sources`. This module knows
+nothing of graphs, loaders, storage or pickling.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import io
+import json
+import os
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import IO, Any, Union
+
+from snapshot import schema
+from snapshot.errors import (
+    CorruptSnapshotError,
+    EmptySnapshotError,
+    ForeignFileError,
+    ManifestError,
+    SignatureError,
+    TruncatedSnapshotError,
+)
+
+__all__ = [
+    "FORMAT_VERSION",
+    "KEY_ENV",
+    "MAGIC",
+    "Container",
+    "PathOrFile",
+    "dumps_manifest",
+    "pack",
+    "pack_parts",
+    "payload_record",
+    "payload_region",
+    "read_head",
+    "resolve_key",
+    "unpack",
+    "Writer",
+]
+
+PathOrFile = Union[str, "os.PathLike[str]", IO[bytes]]
+
+#: Version of the container and of the manifest schema this code writes and reads.
+FORMAT_VERSION = schema.FORMAT_VERSION
+MAGIC = b"\x89snapshot\r\n\x1a\n"
+#: Environment variable holding a signing key (used when no key is passed explicitly).
+KEY_ENV = "SNAPSHOT_KEY"
+STATE_DICT_MARKER = "snapshot_format"
+#: The global manifest's file name in a distributed snapshot's directory.
+DIRECTORY_MANIFEST = "manifest.snap"
+
+_HEADER = struct.Struct("<HHIQ32s32s")
+_PREFIX = len(MAGIC) + _HEADER.size
+_SIGNATURE_SIZE = 32
+_FLAG_SIGNED = 1
+#: A manifest is metadata; anything this large is not one of ours.
+_MAX_MANIFEST = 64 * 1024 * 1024
+
+# Top-level manifest keys.
+SIGNATURE = "signature"  # in a state dict's manifest only (files carry theirs after the payload)
+FORMAT = "format"
+CREATED = "created"
+VERSIONS = "versions"
+PAYLOAD = "payload"
+
+
+def _sha256(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+def resolve_key(key: bytes | str | None) -> bytes | None:
+    """The signing key: ``key`` if given, else ``$SNAPSHOT_KEY``, else ``None``."""
+    if key is None:
+        key = os.environ.get(KEY_ENV) or None
+    if key is None:
+        return None
+    return key.encode() if isinstance(key, str) else bytes(key)
+
+
+def pack(manifest: Mapping[str, Any], payload: bytes, *, key: bytes | str | None = None) -> bytes:
+    """Assemble a snapshot file from its manifest and payload (signed if a key is given)."""
+    return b"".join(pack_parts(manifest, payload, key=key))
+
+
+def _manifest_bytes(manifest: Mapping[str, Any]) -> bytes:
+    return json.dumps(manifest, sort_keys=False, separators=(",", ":")).encode()
+
+
+def _header(version: int, secret: bytes | None, manifest_bytes: bytes, size: int, digest: bytes) -> bytes:
+    flags = _FLAG_SIGNED if secret is not None else 0
+    return MAGIC + _HEADER.pack(version, flags, len(manifest_bytes), size, _sha256(manifest_bytes), digest)
+
+
+def pack_parts(manifest: Mapping[str, Any], payload: bytes, *, key: bytes | str | None = None) -> list[bytes]:
+    """:func:`pack`'s pieces, in file order, for writing without joining them (no copy of the payload).
+
+    The container's version is the manifest's ``format`` (a format-1 manifest keeps its layout)."""
+    manifest_bytes = _manifest_bytes(manifest)
+    secret = resolve_key(key)
+    version = 1 if manifest.get(FORMAT) == 1 else FORMAT_VERSION  # a format-1 manifest keeps its layout
+    header = _header(version, secret, manifest_bytes, len(payload), _sha256(payload))
+    parts = [header, manifest_bytes, payload] if version == 1 else [header, payload, manifest_bytes]
+    if secret is not None:
+        parts.append(hmac.new(secret, header, hashlib.sha256).digest())
+    return parts
+
+
+class Writer:
+    """Writes a format-2 container into a seekable binary file as its payload is produced: ``write``
+    takes it piece by piece (any buffer) and hashes it; :meth:`finish` appends the manifest (which may
+    record :attr:`size` and :attr:`sha256`) and the signature, then writes the header at the start."""
+
+    def __init__(self, f: IO[bytes], *, key: bytes | str | None = None, progress: Any = None):
+        self._f = f
+        self._progress = progress
+        self._start = f.tell()
+        self._secret = resolve_key(key)
+        self._hash = hashlib.sha256()
+        self.size = 0
+        f.write(bytes(_PREFIX))
+
+    def write(self, data: Any) -> None:
+        self._f.write(data)
+        self._hash.update(data)
+        size = memoryview(data).nbytes
+        self.size += size
+        if self._progress is not None:
+            self._progress(size)
+
+    @property
+    def sha256(self) -> str:
+        return self._hash.hexdigest()
+
+    def finish(self, manifest: Mapping[str, Any]) -> int:
+        """Write the manifest, the signature and the header; the container's size in bytes."""
+        manifest_bytes = _manifest_bytes(manifest)
+        header = _header(FORMAT_VERSION, self._secret, manifest_bytes, self.size, self._hash.digest())
+        self._f.write(manifest_bytes)
+        if self._secret is not None:
+            self._f.write(hmac.new(self._secret, header, hashlib.sha256).digest())
+        end = self._f.tell()
+        self._f.seek(self._start)
+        self._f.write(header)
+        self._f.seek(end)
+        return end - self._start
+
+
+@dataclass(frozen=True)
+class Container:
+    """A parsed snapshot file: its manifest as JSON (``manifest``) and validated (``info``)."""
+
+    manifest: dict[str, Any]
+    payload: bytes | None
+    signed: bool
+    size: int
+    info: schema.Manifest
+
+
+def _describe_foreign(head: bytes) -> str:
+    if head.startswith(b"PK\x03\x04"):
+        return "a zip archive (a torch.save checkpoint?)"
+    if head[:1] == b"\x80" and len(head) > 1 and head[1] <= 5:
+        return "a raw pickle"
+    if head.lstrip()[:1] in (b"{", b"["):
+        return "JSON text"
+    if head.startswith(b"\x89PNG"):
+        return "a PNG image"
+    if head[:2] == b"\x1f\x8b":
+        return "a gzip stream"
+    return f"a file starting with {head[:8]!r}"
+
+
+def _check_header(head: bytes, total: int, source: str) -> tuple[int, int, int, int, bytes, bytes]:
+    if total == 0:
+        raise EmptySnapshotError(
+            "the file is empty (0 bytes): the copy or the save that made it did not finish. "
+            "Use the previous snapshot; saves are atomic, so an older file is intact.",
+            source=source,
+        )
+    if len(head) < len(MAGIC) and MAGIC.startswith(head):
+        raise TruncatedSnapshotError(
+            f"the file ends after {total} bytes, inside the file signature; it was cut short",
+            source=source, offset=total,
+        )
+    if not head.startswith(MAGIC):
+        raise ForeignFileError(
+            f"this is not a snapshot file: it looks like {_describe_foreign(head)}. "
+            "Pass a file written by save_snapshot() or snapshot.save().",
+            source=source, offset=0,
+        )
+    if total < _PREFIX:
+        raise TruncatedSnapshotError(
+            f"the file ends after {total} bytes, inside the {_PREFIX}-byte header; "
+            "it was cut short (an interrupted copy?). Use an earlier snapshot.",
+            source=source, offset=total,
+        )
+    version, flags, mlen, plen, mdigest, pdigest = _HEADER.unpack_from(head, len(MAGIC))
+    schema.check_format(version, source)
+    if flags & ~_FLAG_SIGNED:
+        raise CorruptSnapshotError(
+            f"unknown header flags 0x{flags:04x}; the header is damaged",
+            source=source, offset=len(MAGIC) + 2,
+        )
+    if mlen > _MAX_MANIFEST:
+        raise CorruptSnapshotError(
+            f"the header declares a {mlen}-byte manifest, which no snapshot has; "
+            "the header is damaged", source=source, offset=len(MAGIC) + 4,
+        )
+    expected = _PREFIX + mlen + plen + (_SIGNATURE_SIZE if flags & _FLAG_SIGNED else 0)
+    if total < expected:
+        raise TruncatedSnapshotError(
+            f"the file has {total} bytes but its header declares {expected} "
+            f"(manifest {mlen}, payload {plen}); it was cut short. Use an earlier snapshot.",
+            source=source, offset=total,
+        )
+    if total > expected:
+        raise CorruptSnapshotError(
+            f"the file has {total - expected} unexpected bytes after its end at byte "
+            f"{expected}; it was altered or two files were concatenated",
+            source=source, offset=expected,
+        )
+    return version, flags, mlen, plen, mdigest, pdigest
+
+
+def _offsets(version: int, mlen: int, plen: int) -> tuple[int, int]:
+    """Where the manifest and the payload start in a container of ``version``."""
+    if version == 1:
+        return _PREFIX, _PREFIX + mlen
+    return _PREFIX + plen, _PREFIX
+
+
+def _parse_json(data: bytes, source: str) -> dict[str, Any]:
+    """The manifest's JSON object, whose format version this installation reads."""
+    try:
+        manifest = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CorruptSnapshotError(
+            f"the manifest is not valid UTF-8 JSON ({exc})", source=source, offset=_PREFIX,
+        ) from exc
+    except RecursionError as exc:
+        raise CorruptSnapshotError(
+            "the manifest's JSON is nested too deeply to be a snapshot manifest",
+            source=source, offset=_PREFIX,
+        ) from exc
+    if not isinstance(manifest, dict):
+        raise ManifestError("", "a JSON object", type(manifest).__name__, source=source)
+    if FORMAT not in manifest:
+        raise ManifestError("format", "the format version, an int (the field is missing)", "nothing",
+                            source=source)
+    schema.check_format(manifest[FORMAT], source)
+    return manifest
+
+
+def _validate(manifest: dict[str, Any], source: str) -> schema.Manifest:
+    """``manifest`` decoded into the schema's types (or a :class:`ManifestError` naming the field)."""
+    try:
+        return schema.Manifest.from_dict(manifest, source=source)
+    except RecursionError as exc:
+        raise CorruptSnapshotError(
+            "the manifest is nested too deeply to be a snapshot manifest", source=source, offset=_PREFIX,
+        ) from exc
+
+
+def _parse_manifest(data: bytes, source: str) -> tuple[dict[str, Any], schema.Manifest]:
+    """The manifest's JSON, and the same validated into the schema's types."""
+    manifest = _parse_json(data, source)
+    return manifest, _validate(manifest, source)
+
+
+def unpack(
+    data: bytes,
+    *,
+    source: str = "<bytes>",
+    key: bytes | str | None = None,
+    with_payload: bool = True,
+) -> Container:
+    """Parse and verify a snapshot file held in memory.
+
+    With ``key`` (or ``$SNAPSHOT_KEY``) the file must carry a valid signature; without one,
+    a signed file is still accepted (its checksums are verified).
+    """
+    version, flags, mlen, plen, mdigest, pdigest = _check_header(data[:_PREFIX], len(data), source)
+    moffset, poffset = _offsets(version, mlen, plen)
+    manifest_bytes = data[moffset:moffset + mlen]
+    if not hmac.compare_digest(_sha256(manifest_bytes), mdigest):
+        raise CorruptSnapshotError(
+            "the manifest checksum does not match: the file was altered or damaged on disk",
+            source=source, offset=moffset,
+        )
+    manifest = _parse_json(manifest_bytes, source)
+    signed = bool(flags & _FLAG_SIGNED)
+    secret = resolve_key(key)
+    if secret is not None:
+        if not signed:
+            raise SignatureError(
+                "a signing key was given but the file is not signed; refusing to unpickle it. "
+                "Save it again with key=... or load it without a key if you trust its origin.",
+                source=source,
+            )
+        signature = data[_PREFIX + mlen + plen:]
+        expected = hmac.new(secret, data[:_PREFIX], hashlib.sha256).digest()
+        if not hmac.compare_digest(signature, expected):
+            raise SignatureError(
+                "the signature does not match this key: the file was signed with another key "
+                "or altered after signing. Do not restore it.",
+                source=source, offset=_PREFIX + mlen + plen,
+            )
+    info = _validate(manifest, source)  # after the signature: with a key, a forgery is named as one
+    _check_version(manifest, version, source)
+    payload = None
+    if with_payload:
+        payload = data[poffset:poffset + plen]
+        if not hmac.compare_digest(_sha256(payload), pdigest):
+            # a digest of the whole payload cannot say which byte changed: name the range it covers
+            raise CorruptSnapshotError(
+                f"the payload checksum does not match: some byte in the payload (bytes {poffset:,} to "
+                f"{poffset + plen - 1:,} of the file) was altered or damaged on disk; nothing was "
+                "decoded. Use an earlier snapshot.",
+                source=source,
+            )
+    return Container(manifest, payload, signed, len(data), info)
+
+
+def payload_region(data: bytes) -> memoryview:
+    """The payload's bytes in a container already checked by :func:`unpack` (a view: no copy)."""
+    version, _, mlen, plen, _, _ = _check_header(data[:_PREFIX], len(data), "<container>")
+    _, poffset = _offsets(version, mlen, plen)
+    return memoryview(data)[poffset:poffset + plen]
+
+
+def read_head(f: IO[bytes], total: int, source: str) -> dict[str, Any]:
+    """The verified manifest of the container that ``f`` (at its start, ``total`` bytes long)
+    holds, reading only the header and the manifest: the payload is never read."""
+    start = f.tell()
+    head = f.read(_PREFIX)
+    version, _, mlen, plen, mdigest, _ = _check_header(head, total, source)
+    moffset, _ = _offsets(version, mlen, plen)
+    f.seek(start + moffset)
+    manifest_bytes = f.read(mlen)
+    if not hmac.compare_digest(_sha256(manifest_bytes), mdigest):
+        raise CorruptSnapshotError(
+            "the manifest checksum does not match: the file was altered or damaged",
+            source=source, offset=moffset,
+        )
+    manifest, _ = _parse_manifest(manifest_bytes, source)
+    _check_version(manifest, version, source)
+    return manifest
+
+
+def _check_version(manifest: Mapping[str, Any], version: int, source: str) -> None:
+    """The container's version and its manifest's ``format`` must agree (a spliced file does not)."""
+    if manifest[FORMAT] != version:
+        raise CorruptSnapshotError(
+            f"the container is format {version} but its manifest says format {manifest[FORMAT]}: the file was "
+            "altered or assembled from two files", source=source, offset=len(MAGIC))
+
+
+def payload_record(payload: bytes) -> dict[str, Any]:
+    """The manifest's ``payload`` entry for ``payload``."""
+    return {"size": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+
+
+def dumps_manifest(manifest: Mapping[str, Any]) -> str:
+    """Pretty JSON for humans (``snapshot inspect --json``)."""
+    out = io.StringIO()
+    json.dump(manifest, out, indent=2, sort_keys=False)
+    return out.getvalue()

@@ -1,0 +1,1 @@
+"""Running a graph: traversal and fingerprints, the restore plan, sharding, seeds, execution."""

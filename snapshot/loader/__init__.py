@@ -1,0 +1,1 @@
+"""The DataLoader2 front end: its iterator, position, save and restore."""

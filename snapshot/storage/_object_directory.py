@@ -1,0 +1,105 @@
+"""A distributed snapshot in object storage: the index written last commits the save.
+
+::
+
+    s3://bucket/ckpt/data.snap/
+        manifest.snap                 the index: the global manifest, with the parts' prefix
+        <token>/rank-00000.snap       rank 0's part, written by rank 0 itself
+        <token>/rank-00001.snap       ...
+
+Object stores have no rename, so a save writes every part under a fresh prefix (``token``)
+first, and rank 0 then overwrites the index, which a store replaces in one piece. A crash
+before that leaves the previous index, whose parts (under their own prefix) are untouched;
+the previous prefix is removed only after the new index is written. Readers check every
+part against the digest the index records for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+from typing import Any
+
+from snapshot.container import format
+from snapshot.container._parts import check_part, distributed_manifest, part_info, stamp
+from snapshot.errors import CorruptSnapshotError, RankError, SnapshotError, SnapshotFileError
+from snapshot.storage import _fsspec, _sources
+
+__all__ = ["PREFIX", "is_directory", "read_parts", "save_directory"]
+
+#: The index's key naming the prefix its parts live under.
+PREFIX = "parts_prefix"
+_TOKEN = re.compile(r"[0-9a-f]{12}")
+
+
+def _index(url: str) -> str:
+    return f"{url.rstrip('/')}/{format.DIRECTORY_MANIFEST}"
+
+
+def is_directory(url: Any) -> bool:
+    """Whether ``url`` is a directory snapshot in object storage (it holds an index)."""
+    return _fsspec.is_url(url) and _fsspec.exists(_index(str(url)))
+
+
+def read_parts(url: str, *, key: bytes | str | None = None) -> tuple[format.Container, list[format.Container]]:
+    """The index and every rank's part, each verified against the index (the shape of
+    :func:`snapshot.storage.multipart.read_parts`)."""
+    index = _index(url)
+    container = _sources.read_container(index, key=key)
+    manifest = container.manifest
+    prefix = manifest.get(PREFIX)
+    if not isinstance(prefix, str) or not _TOKEN.fullmatch(prefix):
+        raise CorruptSnapshotError(f"the index names no valid parts prefix ({prefix!r})", source=index)
+    parts = []
+    for entry in container.info.parts:  # the schema checked each name: a part file name, never a path
+        part_url = f"{url.rstrip('/')}/{prefix}/{entry.file}"
+        data = _fsspec.read_bytes(part_url)
+        if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
+            raise CorruptSnapshotError(f"{entry.file} does not match the digest the index recorded for it",
+                                       source=url)
+        part = format.unpack(data, source=part_url, key=key)
+        check_part(container.info, entry, part.info, source=url)
+        parts.append(part)
+    if not parts:
+        raise CorruptSnapshotError("the index lists no parts", source=index)
+    return container, parts
+
+
+def save_directory(collective: Any, part: bytes, manifest: dict[str, Any], dest: str,
+                   key: bytes | str | None) -> None:
+    """Each rank uploads ``part``; rank 0 then writes the index (the commit). A collective."""
+    url = dest.rstrip("/")
+    token = collective.broadcast(uuid.uuid4().hex[:12], "agreeing on a snapshot prefix")
+    error = None
+    pieces = [part]
+    try:
+        pieces = stamp(part, token, key=key)  # the part carries the id of this save, as the index does
+        _fsspec.write_bytes(f"{url}/{token}/rank-{collective.rank:05d}.snap", pieces)
+    except SnapshotError as exc:
+        error = str(exc)
+    infos = collective.all_gather({**part_info(collective.rank, manifest, pieces), "error": error},
+                                  "writing the parts of a snapshot")
+    failed = [i for i in infos if i["error"]]
+    if failed:
+        if collective.rank == 0:
+            _fsspec.remove(f"{url}/{token}")
+        raise RankError("the snapshot was not written (the previous one is intact): " +
+                        "; ".join(f"rank {i['rank']} could not write its part: {i['error']}" for i in failed))
+    if collective.rank == 0:
+        try:
+            previous = None
+            if _fsspec.exists(_index(url)):
+                try:
+                    previous = _sources.read_manifest(_index(url)).get(PREFIX)
+                except SnapshotFileError:
+                    previous = None
+            index = {**distributed_manifest(infos, save=token), PREFIX: token}
+            _fsspec.write_bytes(_index(url), format.pack_parts(index, b"", key=key))
+            if isinstance(previous, str) and _TOKEN.fullmatch(previous) and previous != token:
+                _fsspec.remove(f"{url}/{previous}")
+        except SnapshotError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+    done = collective.broadcast(error, "publishing a snapshot")
+    if done is not None:
+        raise RankError(f"the snapshot was not published (the previous one is intact): rank 0: {done}")

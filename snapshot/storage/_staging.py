@@ -1,0 +1,76 @@
+"""Staging a capture for a background save: a copy that the live graph cannot change.
+
+A background save pickles and writes the captured state while the loader keeps iterating,
+so the capture must share nothing mutable with the running graph. :func:`stage` copies
+every container (dict, list, tuple, deque, set) and decides per leaf:
+
+- dataclasses (the captured loader state) are copied field by field;
+- immutable values (``bytes``, ``str``, numbers, ``None``, enums, ranges, frozensets of
+  them) are shared: that is what makes the blocking part cheap for buffers of encoded
+  samples, whatever their size;
+- tensors are cloned and numpy arrays copied (a pipe or the training step may change them
+  in place after they leave a buffer);
+- any other object is deep-copied (``copy.deepcopy``), falling back to a pickle round trip.
+
+So a background save blocks for about the time of a memory copy of the mutable samples it
+holds, and for almost nothing when samples are ``bytes`` or strings.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import enum
+from collections import deque
+from typing import Any
+
+import torch
+
+from snapshot.container import _serialization
+
+try:
+    import numpy
+except ImportError:  # pragma: no cover - numpy is optional
+    numpy = None  # type: ignore[assignment]
+
+__all__ = ["stage"]
+
+_IMMUTABLE = (bytes, str, int, float, complex, bool, type(None), range, enum.Enum)
+#: Leaves that are immutable by their exact type (a container of only these needs no walk).
+_ATOMS = frozenset({bytes, str, int, float, complex, bool, type(None)})
+
+
+def stage(value: Any) -> Any:
+    """A copy of ``value`` that shares only immutable leaves with it."""
+    kind = type(value)
+    if kind in (bytes, str, int, float, bool, type(None)) or isinstance(value, _IMMUTABLE):
+        return value
+    if kind is list:
+        if all(type(x) in _ATOMS for x in value):  # positions, counts, seeds: a shallow copy is a deep one
+            return value.copy()
+        return [stage(x) for x in value]
+    if kind is dict:
+        return {k: stage(v) for k, v in value.items()}
+    if kind is tuple:
+        if all(type(x) in _ATOMS for x in value):  # immutable all the way down: shared
+            return value
+        return tuple(stage(x) for x in value)
+    if isinstance(value, deque):
+        return deque((stage(x) for x in value), maxlen=value.maxlen)
+    if isinstance(value, frozenset) and all(isinstance(x, _IMMUTABLE) for x in value):
+        return value
+    if isinstance(value, (set, frozenset)):
+        return kind(stage(x) for x in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        staged = copy.copy(value)
+        for f in dataclasses.fields(value):
+            object.__setattr__(staged, f.name, stage(getattr(value, f.name)))
+        return staged
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if numpy is not None and isinstance(value, numpy.ndarray):
+        return value if not value.flags.writeable and value.base is None else value.copy()
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # noqa: BLE001 - objects deepcopy cannot copy: a pickle round trip
+        return _serialization.loads(_serialization.dumps(value, what="state to save in the background"))

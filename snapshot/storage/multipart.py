@@ -1,0 +1,134 @@
+"""Multi-part snapshots: one part per rank, an index, joined and split, committed atomically.
+
+::
+
+    ckpt/data.snap  ->  .data.snap.<token>/     (a symbolic link)
+                          manifest.snap          the global manifest (parts, their digests)
+                          rank-00000.snap        rank 0's part: a complete snapshot file
+                          rank-00001.snap        ...
+
+Each rank writes its part into a fresh staging directory; rank 0 writes the manifest last
+and then replaces the link in one ``rename``. A crash at any point leaves the link pointing
+at the previous complete directory. Readers check every part against the digest the
+manifest records for it, and against the save: the ranks agree on a save id (the staging
+directory's token) that each part carries in its own manifest (``save``, :func:`stamp`) and
+the index too, so a part copied in from another save is refused even when the index's
+digest was updated to match it (:func:`check_part`). Directories written before save ids
+carry none in the index nor in the parts, and still load.
+
+The same parts also travel joined in one payload (a distributed snapshot's state dict):
+:func:`join_parts` and :func:`split_parts`. The index is rank 0's manifest with every
+rank's shards and its parts (:func:`distributed_manifest`).
+
+This module knows nothing of processes or ranks; the distributed service orchestrates it. It is the
+I/O half (directories on disk); the parts themselves (stamp, check, join, split, the index) are
+:mod:`snapshot.container._parts`, whose names this module hands on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from typing import Any
+
+from snapshot import schema
+from snapshot.container import format
+from snapshot.container._parts import (
+    check_part,
+    distributed_manifest,
+    join_parts,
+    part_info,
+    parts_state_dict,
+    split_parts,
+    stamp,
+)
+from snapshot.errors import CorruptSnapshotError, SnapshotFileError
+from snapshot.storage import _sources
+
+__all__ = ["MANIFEST", "check_part", "commit", "distributed_manifest", "is_directory_snapshot", "join_parts",
+           "part_info", "part_name", "parts_state_dict", "read_parts", "split_parts", "stamp", "staging"]
+
+MANIFEST = format.DIRECTORY_MANIFEST
+part_name = schema.part_name
+
+
+def staging(dest: str, token: str) -> str:
+    """The directory the ranks write into before :func:`commit` (created here)."""
+    dest = os.path.abspath(dest)
+    path = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.{token}")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def commit(dest: str, directory: str) -> None:
+    """Point ``dest`` at ``directory`` atomically, then remove the directory it replaced."""
+    dest = os.path.abspath(dest)
+    if os.path.exists(dest) and not os.path.islink(dest):
+        raise SnapshotFileError(
+            "exists and is not a snapshot written by a distributed run (a link to a directory); "
+            "choose another path or remove it", source=dest)
+    previous = os.path.realpath(dest) if os.path.islink(dest) else None
+    link = f"{directory}.link"
+    if os.path.lexists(link):
+        os.unlink(link)
+    os.symlink(os.path.basename(directory), link)
+    os.replace(link, dest)
+    parent = os.open(os.path.dirname(dest), os.O_RDONLY)
+    try:
+        os.fsync(parent)
+    finally:
+        os.close(parent)
+    if previous and previous != os.path.realpath(directory) and os.path.isdir(previous):
+        shutil.rmtree(previous, ignore_errors=True)
+
+
+def is_directory_snapshot(src: Any) -> bool:
+    return isinstance(src, (str, os.PathLike)) and os.path.isdir(src)
+
+
+def read_parts(src: str, *, key: bytes | str | None = None) -> tuple[format.Container, list[format.Container]]:
+    """The index (the global manifest) and every rank's part, each verified against the index.
+
+    Every way a directory can be wrong is a :class:`SnapshotFileError` naming the file: no
+    index, an index that is not one (or is malformed: a ``ManifestError``), a part that is
+    missing, is a directory, or does not match the digest, size or rank the index records.
+    """
+    root = os.fspath(src)
+    path = os.path.join(root, MANIFEST)
+    if not os.path.lexists(path):
+        raise SnapshotFileError(
+            f"is a directory without {MANIFEST}: not a complete distributed snapshot (a save that "
+            "was interrupted writes elsewhere, so this is not one of ours). Pass a snapshot file, or "
+            "a directory written by save_snapshot() in a distributed run", source=root)
+    if os.path.isdir(path):
+        raise SnapshotFileError(f"{MANIFEST} is a directory where the snapshot's index file should be",
+                                source=root)
+    index = _sources.read_container(path, key=key)
+    if not index.info.is_index:
+        raise CorruptSnapshotError(
+            f"{MANIFEST} lists no parts: it is not the index of a distributed snapshot", source=path)
+    parts = []
+    for entry in index.info.parts:
+        part_path = os.path.join(root, entry.file)
+        try:
+            with open(part_path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError as exc:
+            raise SnapshotFileError(
+                f"the index lists {entry.file} (rank {entry.rank}), which is missing: the directory is "
+                "incomplete; use another snapshot", source=root) from exc
+        except IsADirectoryError as exc:
+            raise SnapshotFileError(f"{entry.file} is a directory where rank {entry.rank}'s part file should be",
+                                    source=root) from exc
+        except OSError as exc:
+            raise SnapshotFileError(f"cannot read {entry.file}: {exc.strerror or exc}", source=root) from exc
+        if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
+            raise CorruptSnapshotError(
+                f"{entry.file} ({len(data)} bytes) is not the part the index records ({entry.size} bytes, "
+                f"sha256 {entry.sha256[:16]}...): the directory mixes parts of different saves, or a part "
+                "was altered. Use another snapshot", source=root)
+        part = format.unpack(data, source=part_path, key=key)
+        check_part(index.info, entry, part.info, source=root)
+        parts.append(part)
+    return index, parts

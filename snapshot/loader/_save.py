@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 from snapshot._warnings import user_stacklevel
 from snapshot.container import _serialization
-from snapshot.container.capture import LoaderState, Snapshot, capture, capture_source, snapshot_of
+from snapshot.container.capture import LoaderState, Snapshot, snapshot_of
 from snapshot.container.format import PathOrFile
+from snapshot.engine.plan import check_restorable
 from snapshot.errors import SerializationError, SnapshotError
 from snapshot.loader._digest import digests_ahead
 from snapshot.loader._stop import stopped_service
-from snapshot.storage import _fsspec, _object_directory, _rotation, _staging
+from snapshot.storage import _fsspec, _object_directory, _rotation, _staging, multipart
 from snapshot.storage._io import save, write
 from snapshot.storage.multipart import part_info, parts_state_dict
 
@@ -62,6 +63,14 @@ def snapshot_source(loader: LoaderParts, *, include_graph: bool, verify: int = 0
     return source
 
 
+def _checked_source(loader: LoaderParts, *, include_graph: bool, verify: int = 0) -> LoaderState:
+    """:func:`snapshot_source`, after refusing a graph that cannot be restored exactly (before anything is
+    computed ahead or written). The save path stays in this module: it never climbs back into the loader."""
+    if loader._graph is not None:
+        check_restorable(loader._graph)
+    return snapshot_source(loader, include_graph=include_graph, verify=verify)
+
+
 def check_portable(loader: LoaderParts, include_graph: bool = True, *, strict: bool = True) -> None:
     """Refuse (``strict``) or warn about a graph whose pickle would not load in another script."""
     problem = loader._graph_problem
@@ -83,7 +92,7 @@ def save_now(loader: LoaderParts, dest: PathOrFile | None, *, include_graph: boo
     """Capture and, when ``dest`` is given, write (a collective across ranks)."""
     check_portable(loader, include_graph)
     collective = loader._collective()
-    source = capture_source(loader, include_graph=include_graph, verify=verify)
+    source = _checked_source(loader, include_graph=include_graph, verify=verify)
     if collective is None and isinstance(dest, (str, os.PathLike)):
         snap = write(source, dest, key=key)  # encoded straight into the file: no copy of the state
         if keep_last is not None:
@@ -95,7 +104,7 @@ def save_now(loader: LoaderParts, dest: PathOrFile | None, *, include_graph: boo
         _object_directory.save_directory(collective, snap.to_bytes(key=key), snap.manifest, str(dest), key)
     elif dest is not None and collective is not None:
         # a directory: every rank writes its part, rank 0 the manifest
-        collective.save_directory(snap.to_bytes(key=key), snap.manifest, dest, key)
+        multipart.save_directory(collective, snap.to_bytes(key=key), snap.manifest, dest, key)
     elif dest is not None:
         save(snap, dest, key=key)
     if keep_last is not None and (collective is None or collective.rank == 0):
@@ -117,7 +126,7 @@ def save_in_background(loader: LoaderParts, dest: PathOrFile | None, *, include_
         save_now(loader, dest, include_graph=include_graph, keep_last=keep_last, key=key, verify=verify)
         done.set_result(path)
         return done
-    source = _staging.stage(snapshot_source(loader, include_graph=include_graph, verify=verify))
+    source = _staging.stage(_checked_source(loader, include_graph=include_graph, verify=verify))
 
     def background() -> str:
         with _serialization.cooperative():
@@ -132,7 +141,7 @@ def save_in_background(loader: LoaderParts, dest: PathOrFile | None, *, include_
 def state_dict(loader: LoaderParts) -> dict[str, Any]:
     """``loader.state_dict()``: across ranks, every rank's part on every rank (DCP keeps one copy)."""
     check_portable(loader, strict=False)
-    snap = capture(loader, include_graph=True)
+    snap = snapshot_of(_checked_source(loader, include_graph=True))
     collective = loader._collective()
     if collective is None:
         return snap.state_dict()

@@ -26,21 +26,17 @@ from __future__ import annotations
 
 import datetime
 import logging
-import os
-import shutil
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from snapshot.container import format
 from snapshot.engine.graph import Graph
 from snapshot.engine.plan import RestoreStrategy
 from snapshot.engine.randomness import SeedGenerator
 from snapshot.engine.sharding import analyze
-from snapshot.errors import RankError, ShardingError, SnapshotError
+from snapshot.errors import RankError, ShardingError
 from snapshot.reading_service._even import FIRST, EvenBatches, First, deal, saved_first, saved_last
 from snapshot.reading_service._sharded import ShardedService, resolve_logical_shards
 from snapshot.reading_service._split import epoch_units, restore_units
@@ -48,8 +44,6 @@ from snapshot.reading_service._worker_reset import same_layout_problems
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint, as_record
 from snapshot.reading_service.in_process import InProcessReadingService
 from snapshot.schema import ServiceState
-from snapshot.storage import _atomic, multipart
-from snapshot.storage.multipart import distributed_manifest, part_info
 
 __all__ = ["Collective", "DistributedReadingService"]
 
@@ -101,49 +95,6 @@ class Collective:
 
     def barrier(self, what: str) -> None:
         self.all_gather(None, what)
-
-    # -- snapshot directories -------------------------------------------------------------
-
-    def save_directory(self, part: bytes, manifest: dict[str, Any], dest: Any, key: bytes | str | None) -> None:
-        """Each rank writes ``part``; rank 0 writes the global manifest and swaps the directory in.
-
-        On any failure (a rank that cannot write, dies or hangs) nothing is published, the
-        staging directory is removed, and the previous snapshot stays.
-        """
-        token = self.broadcast(uuid.uuid4().hex[:12], "agreeing on a snapshot directory")
-        directory = multipart.staging(os.fspath(dest), token)
-        try:
-            self._save_parts(directory, part, manifest, dest, key, token)
-        except BaseException:
-            shutil.rmtree(directory, ignore_errors=True)
-            raise
-
-    def _save_parts(self, directory: str, part: bytes, manifest: dict[str, Any], dest: Any,
-                    key: bytes | str | None, token: str) -> None:
-        error = None
-        pieces = [part]
-        try:
-            pieces = multipart.stamp(part, token, key=key)  # the part carries the id of this save, as the index
-            _atomic.atomic_write(os.path.join(directory, multipart.part_name(self.rank)), pieces)
-        except (OSError, SnapshotError) as exc:
-            error = f"{type(exc).__name__}: {exc}"
-        info = {**part_info(self.rank, manifest, pieces), "error": error}
-        infos = self.all_gather(info, "writing the parts of a snapshot")
-        failed = [i for i in infos if i["error"]]
-        if failed:
-            raise RankError("the snapshot was not written (the previous one is intact): " +
-                            "; ".join(f"rank {i['rank']} could not write its part: {i['error']}" for i in failed))
-        if self.rank == 0:
-            try:
-                _atomic.atomic_write(os.path.join(directory, multipart.MANIFEST),
-                                    format.pack(distributed_manifest(infos, save=token), b"", key=key))
-                multipart.commit(os.fspath(dest), directory)
-                error = None
-            except (OSError, SnapshotError) as exc:
-                error = f"{type(exc).__name__}: {exc}"
-        done = self.broadcast(error, "publishing a snapshot")
-        if done is not None:
-            raise RankError(f"the snapshot was not published (the previous one is intact): rank 0: {done}")
 
 
 class DistributedReadingService(ReadingServiceInterface):

@@ -20,9 +20,11 @@ The same parts also travel joined in one payload (a distributed snapshot's state
 :func:`join_parts` and :func:`split_parts`. The index is rank 0's manifest with every
 rank's shards and its parts (:func:`distributed_manifest`).
 
-This module knows nothing of processes or ranks; the distributed service orchestrates it. It is the
-I/O half (directories on disk); the parts themselves (stamp, check, join, split, the index) are
-:mod:`snapshot.container._parts`, whose names this module hands on.
+:func:`save_directory` is the one write path of a directory: a collective that the loader calls with
+the distributed service's collective operations (this module knows nothing of processes; it is handed
+``rank``, ``broadcast`` and ``all_gather``). It is the I/O half (directories on disk); the parts
+themselves (stamp, check, join, split, the index) are :mod:`snapshot.container._parts`, whose names this
+module hands on.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import uuid
 from typing import Any
 
 from snapshot import schema
@@ -43,11 +46,12 @@ from snapshot.container._parts import (
     split_parts,
     stamp,
 )
-from snapshot.errors import CorruptSnapshotError, SnapshotFileError
-from snapshot.storage import _sources
+from snapshot.errors import CorruptSnapshotError, RankError, SnapshotError, SnapshotFileError
+from snapshot.storage import _atomic, _sources
 
 __all__ = ["MANIFEST", "check_part", "commit", "distributed_manifest", "is_directory_snapshot", "join_parts",
-           "part_info", "part_name", "parts_state_dict", "read_parts", "split_parts", "stamp", "staging"]
+           "part_info", "part_name", "parts_state_dict", "read_parts", "save_directory", "split_parts", "stamp",
+           "staging"]
 
 MANIFEST = format.DIRECTORY_MANIFEST
 part_name = schema.part_name
@@ -132,3 +136,47 @@ def read_parts(src: str, *, key: bytes | str | None = None) -> tuple[format.Cont
         check_part(index.info, entry, part.info, source=root)
         parts.append(part)
     return index, parts
+
+
+def save_directory(collective: Any, part: bytes, manifest: dict[str, Any], dest: Any,
+                   key: bytes | str | None) -> None:
+    """Each rank writes ``part``; rank 0 writes the global manifest and swaps the directory in (a collective).
+
+    On any failure (a rank that cannot write, dies or hangs) nothing is published, the
+    staging directory is removed, and the previous snapshot stays.
+    """
+    token = collective.broadcast(uuid.uuid4().hex[:12], "agreeing on a snapshot directory")
+    directory = staging(os.fspath(dest), token)
+    try:
+        _save_parts(collective, directory, part, manifest, dest, key, token)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+
+
+def _save_parts(collective: Any, directory: str, part: bytes, manifest: dict[str, Any], dest: Any,
+                key: bytes | str | None, token: str) -> None:
+    error = None
+    pieces = [part]
+    try:
+        pieces = stamp(part, token, key=key)  # the part carries the id of this save, as the index
+        _atomic.atomic_write(os.path.join(directory, part_name(collective.rank)), pieces)
+    except (OSError, SnapshotError) as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    info = {**part_info(collective.rank, manifest, pieces), "error": error}
+    infos = collective.all_gather(info, "writing the parts of a snapshot")
+    failed = [i for i in infos if i["error"]]
+    if failed:
+        raise RankError("the snapshot was not written (the previous one is intact): " +
+                        "; ".join(f"rank {i['rank']} could not write its part: {i['error']}" for i in failed))
+    if collective.rank == 0:
+        try:
+            _atomic.atomic_write(os.path.join(directory, MANIFEST),
+                                 format.pack(distributed_manifest(infos, save=token), b"", key=key))
+            commit(os.fspath(dest), directory)
+            error = None
+        except (OSError, SnapshotError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+    done = collective.broadcast(error, "publishing a snapshot")
+    if done is not None:
+        raise RankError(f"the snapshot was not published (the previous one is intact): rank 0: {done}")

@@ -35,7 +35,7 @@ OWN_RECORDS: dict[str, set[str]] = {
     # a distributed snapshot's part info: its rank, file, size, sha256
     "container/_parts.py": {"rank"},
     "storage/_object_directory.py": {"rank"},
-    "reading_service/distributed.py": {"rank"},
+    "storage/multipart.py": {"rank"},
     # a worker's set-up (its graph, shards, options), sent once when it starts
     "reading_service/_worker.py": {"shards", "buffer_state"},
     # the payload's frame, {"state", "graph", "service"}: the container's, around the state's root

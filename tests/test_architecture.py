@@ -247,3 +247,34 @@ def test_the_save_path_never_enters_restore_code() -> None:
     restore = {"snapshot.loader._restore", "snapshot.loader.restore", "snapshot.restore"}
     entered = sorted(_reach(_edges(), "snapshot.loader._save") & restore)
     assert not entered, f"the save path imports restore code: {entered}"
+
+
+def _loader_members() -> set[str]:
+    """The private attributes ``DataLoader2`` sets on itself (``self._x = ...``): its own state."""
+    tree = ast.parse((ROOT / "snapshot/loader/dataloader2.py").read_text())
+    return {target.attr for node in ast.walk(tree) if isinstance(node, ast.Assign) for target in node.targets
+            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+            and target.value.id == "self" and target.attr.startswith("_")}
+
+
+def _members_reached(source: str, members: set[str]) -> list[str]:
+    """Where ``source`` reads one of ``members`` of an object other than ``self`` (``loader._position``)."""
+    return [f"line {node.lineno}: .{node.attr}" for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Attribute) and node.attr in members
+            and not (isinstance(node.value, ast.Name) and node.value.id == "self")]
+
+
+def test_the_member_check_sees_a_helper_reaching_into_the_loader() -> None:
+    members = _loader_members()
+    assert {"_position", "_service", "_graph", "_saver", "_restorer"} <= members
+    assert _members_reached("def f(loader):\n    return loader._position.epoch\n", members) == ["line 2: ._position"]
+    assert _members_reached("class A:\n    def f(self):\n        return self._position\n", members) == []
+
+
+def test_the_loader_helpers_are_objects_that_never_reach_into_the_loader() -> None:
+    """The loader's helpers (position, graph copy, service, saver, restorer, iterator) own their
+    state and are given what they use: no module of ``loader/`` reads ``DataLoader2``'s members."""
+    members = _loader_members()
+    reached = {path.name: found for path in sorted((ROOT / "snapshot/loader").glob("*.py"))
+               if path.name != "dataloader2.py" and (found := _members_reached(path.read_text(), members))}
+    assert not reached, f"loader helpers that read DataLoader2's private members: {reached}"

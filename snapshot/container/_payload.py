@@ -49,10 +49,6 @@ def write(body: dict[str, Any], sink: Callable[[Any], Any]) -> dict[str, Any]:
         blob = _serialization.dumps(value, what=f"{describe(where)}, which is not data (it is saved pickled)")
         sink(blob)
         kind = type(value)
-        import os as _os  # TEMP-DEBUG
-        if _os.environ.get("SNAPSHOT_DEBUG_PICKLED"):  # TEMP-DEBUG
-            with open(_os.environ["SNAPSHOT_DEBUG_PICKLED"], "a") as _f:  # TEMP-DEBUG
-                _f.write(f"{kind.__module__}.{kind.__qualname__}\t{where}\n")  # TEMP-DEBUG
         pickled.append({"at": where, "type": f"{kind.__module__}.{kind.__qualname__}", "size": len(blob)})
     return {"encoding": "data", "data": data, "pickled": pickled}
 

@@ -31,7 +31,7 @@ __all__ = ["LoaderState", "Snapshot", "capture", "capture_source", "encode", "sn
 
 @dataclass
 class LoaderState:
-    """What a loader reports for a capture (see ``DataLoader2._snapshot_source``)."""
+    """What a loader reports for a capture (see ``snapshot.loader._save.Saver.source``)."""
 
     epoch: int
     yielded: int
@@ -347,10 +347,7 @@ def capture_source(loader: Any, *, include_graph: bool = True, verify: int = 0) 
         raise TypeError(f"snapshot.capture() takes a snapshot.DataLoader2, not a {type(loader).__name__}")
     if isinstance(verify, bool) or not isinstance(verify, int) or verify < 0:
         raise TypeError(f"verify must be a non-negative int (samples to fingerprint ahead), not {verify!r}")
-    from snapshot.engine.plan import check_restorable
-
-    if getattr(loader, "_graph", None) is not None:
-        check_restorable(loader._graph)  # refuse before anything is computed ahead or written
+    # the loader refuses a graph it cannot restore exactly before anything is computed ahead
     source: LoaderState = loader._snapshot_source(include_graph=include_graph, verify=verify)
     return source
 

@@ -1,19 +1,17 @@
 """Digests of samples' content, stable across processes (``save_snapshot(verify=K)`` records them;
-the manifest calls them ``verify.fingerprints``, a name kept by format version 1), and the digests of
-the samples a loader has ahead, which saving records and restoring compares."""
+the manifest calls them ``verify.fingerprints``, a name kept by format version 1). The loader's
+position digests the samples it has ahead (``LivePosition.ahead``); saving records them and
+restoring compares."""
 
 from __future__ import annotations
 
 import hashlib
 import pickle
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from snapshot.loader._parts import LoaderParts
-
-__all__ = ["digests_ahead", "sample_digest"]
+__all__ = ["sample_digest"]
 
 
 def _feed(h: Any, obj: Any, depth: int = 0) -> None:
@@ -50,19 +48,3 @@ def sample_digest(sample: Any) -> str:
     h = hashlib.sha256()
     _feed(h, sample)
     return h.hexdigest()[:16]
-
-
-def digests_ahead(loader: LoaderParts, count: int) -> dict[str, Any]:
-    """Compute up to ``count`` samples ahead (kept for the loader) and digest them (the manifest's ``fingerprints``)."""
-    pos = loader._position
-    if pos.epoch < 0 or pos.epoch_finished:
-        return {"count": 0, "fingerprints": [], "ends": True}
-    it = pos.datapipe_iter
-    while it is not None and len(pos.lookahead) < count:
-        try:
-            pos.lookahead.append(next(it))
-        except StopIteration:
-            break
-    ahead = list(pos.lookahead)[:count]
-    return {"count": count, "fingerprints": [sample_digest(x) for x in ahead],
-            "ends": len(ahead) < count}

@@ -1,18 +1,11 @@
-"""The iterator ``iter(DataLoader2)`` returns, and the checks and conversions of its constructor."""
+"""The iterator ``iter(DataLoader2)`` returns, and the checks and conversions of the loader's graph argument."""
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from snapshot._warnings import user_stacklevel
-from snapshot.container import _serialization
-from snapshot.hooks._positions import BufferState
-from snapshot.reading_service.base import ReadingServiceInterface
-
-if TYPE_CHECKING:
-    from snapshot.loader._parts import IteratedLoader
+from snapshot.loader._position import LivePosition, Pausing
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -66,19 +59,14 @@ def map_to_iter(datapipe: Any) -> Any:
     return datapipe.to_iter_datapipe()
 
 
-def configure_buffers(service: Any, buffer_state: BufferState) -> None:
-    """Tell every service that runs graph parts (nested ones included) how to save buffers."""
-    seen: set[int] = set()
-    stack = [service]
-    while stack:
-        current = stack.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        if hasattr(type(current), "buffer_state"):
-            current.buffer_state = buffer_state.value
-        stack.extend(getattr(current, name, None) for name in ("inner", "executor"))
-        stack.extend(getattr(current, "reading_services", []))
+class IteratedLoader(Protocol):
+    """What the iterator asks of its loader: whether it is still the valid one, and to end the
+    epoch or stop (the graph raised). It reads the position and pausing it is given."""
+
+    valid_iterator_id: int | None
+
+    def _end_epoch(self) -> None: ...
+    def _stop_after_error(self, error: BaseException) -> None: ...
 
 
 class DataLoader2Iterator(Iterator[T_co]):
@@ -90,9 +78,10 @@ class DataLoader2Iterator(Iterator[T_co]):
     exactly; the restored loader is not paused and has no limit.
     """
 
-    def __init__(self, dataloader: IteratedLoader, iterator_id: int):
+    def __init__(self, dataloader: IteratedLoader, iterator_id: int, position: LivePosition, pausing: Pausing):
         self.dataloader = dataloader
         self.iterator_id = iterator_id
+        self._position, self._pausing = position, pausing
 
     def __iter__(self) -> DataLoader2Iterator[T_co]:
         return self
@@ -101,9 +90,9 @@ class DataLoader2Iterator(Iterator[T_co]):
         loader = self.dataloader
         if self.iterator_id != loader.valid_iterator_id:
             raise RuntimeError(_INVALIDATED)
-        pos = loader._position
+        pos = self._position
         pos.reset_iter = True
-        if loader._pausing.paused:
+        if self._pausing.paused:
             raise StopIteration
         if pos.lookahead:
             item = pos.lookahead.popleft()
@@ -120,30 +109,30 @@ class DataLoader2Iterator(Iterator[T_co]):
                 loader._stop_after_error(exc)
                 raise
         pos.yielded += 1
-        loader._pausing.count()
+        self._pausing.count()
         return item
 
     @property
     def limit_threshold(self) -> int | None:
-        return self.dataloader._pausing.threshold
+        return self._pausing.threshold
 
     @property
     def limit_counter(self) -> int | None:
-        return self.dataloader._pausing.counter
+        return self._pausing.counter
 
     def limit(self, num_batches: int | None) -> None:
         """Stop after ``num_batches`` more samples (counted from now; ``None`` removes the
         limit). The limit stays after each stop: call :meth:`resume` to get the next ones."""
-        self.dataloader._limit(num_batches)
+        self._pausing.limit(num_batches)
 
     def resume(self) -> None:
         """Continue after a stop caused by :meth:`limit` or ``DataLoader2._pause()``."""
-        self.dataloader._resume()
+        self._pausing.resume()
 
     def __getattr__(self, name: str) -> Any:
         # only called for names not found on the iterator itself: ask the graph's iterator
-        loader = self.__dict__.get("dataloader")
-        inner = loader._position.datapipe_iter if loader is not None else None
+        position = self.__dict__.get("_position")
+        inner = position.datapipe_iter if position is not None else None
         if inner is None:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return getattr(inner, name)
@@ -156,39 +145,3 @@ def adapter_list(datapipe_adapter_fn: Any) -> list[Any] | None:
     if isinstance(datapipe_adapter_fn, Iterable):
         return list(datapipe_adapter_fn)
     return [datapipe_adapter_fn]
-
-
-def adapted_copy(datapipe: Any, adapter_fns: list[Any] | None) -> tuple[Any, bytes, str | None]:
-    """A private copy of ``datapipe`` with the adapters applied, the pickle a snapshot keeps of it
-    (portable to another script: see ``_serialization.portable_graph``) and why it is not portable."""
-    datapipe, data = _serialization.clone(datapipe)
-    if adapter_fns is not None:
-        for adapter_fn in adapter_fns:
-            datapipe = adapter_fn(datapipe)
-        data = _serialization.dumps_graph(datapipe)
-    portable, problem = _serialization.portable_graph(datapipe, data)
-    if len(portable) - len(data) > _COPIED_GLOBALS_WARNING:
-        warnings.warn(
-            f"the functions of your script use globals that make the graph's pickle {len(portable) / 2**20:.0f} "
-            f"MiB (without them: {len(data) / 2**20:.0f} MiB), and every snapshot with the graph holds a copy. "
-            "Move large data into a module the restoring script imports, or save with include_graph=False "
-            "and build the graph in code before restoring.", stacklevel=user_stacklevel())
-    return datapipe, portable, problem
-
-
-#: Bytes of script globals copied into the graph's pickle above which the loader warns.
-_COPIED_GLOBALS_WARNING = 16 * 2**20
-
-
-def checked_service(service: Any) -> ReadingServiceInterface:
-    """The constructor's ``reading_service`` (default in-process), refused when not ours."""
-    from snapshot.reading_service.in_process import InProcessReadingService
-
-    service = service if service is not None else InProcessReadingService()
-    if not isinstance(service, ReadingServiceInterface):
-        raise TypeError(
-            f"reading_service must implement snapshot.ReadingServiceInterface, got "
-            f"{type(service).__name__}. torchdata's own reading services cannot take "
-            "snapshots; use the ones from snapshot with the same names."
-        )
-    return service

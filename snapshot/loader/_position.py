@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from snapshot.engine.randomness import SeedGenerator, draw_seed
+from snapshot.loader._digest import sample_digest
+from snapshot.schema import SavedState
 
 
 @dataclass
@@ -43,6 +45,49 @@ class LivePosition:
     def copy(self) -> LivePosition:
         """A copy to roll back to (the lookahead copied, the rest shared)."""
         return dataclasses.replace(self, lookahead=deque(self.lookahead))
+
+    def roll_back(self, before: LivePosition) -> None:
+        """Stand where ``before`` (a :meth:`copy`) stood; an epoch's run that was replaced since is
+        not resumed: the next ``iter(loader)`` starts afresh."""
+        for name in (f.name for f in dataclasses.fields(self)):
+            setattr(self, name, getattr(before, name))
+        if self.datapipe_iter is not None:
+            self.datapipe_iter, self.reset_iter = None, True
+
+    def detach(self) -> None:
+        """Let go of the epoch's iterator (the reading service stopped): the next ``iter()`` starts anew."""
+        self.reset_iter, self.datapipe_iter = True, None
+
+    def take_saved(self, saved: SavedState) -> None:
+        """Stand where ``saved`` says the loader stood: epoch, samples, randomness, the samples
+        computed ahead and whether a seed from ``seed()`` is still to be used. The epoch's run (the
+        reading service's restore) is set apart, by the restorer."""
+        self.epoch = saved.position.epoch
+        self.yielded = saved.position.yielded
+        self.epoch_finished = saved.position.epoch_finished
+        self.seed, self.seed_given = saved.seed, saved.seed_given
+        self.generator = SeedGenerator.from_state(saved.generator) if saved.generator is not None else None
+        self.lookahead = deque(saved.lookahead)
+        # seed() semantics: a seed given before the snapshot and not yet used stays pending;
+        # otherwise the epoch's own seed keeps driving the seed sequence.
+        self.user_seed = self.seed if self.seed_given else None
+        self.reset_seed = False
+        if saved.pending_seed is not None:
+            self.user_seed, self.reset_seed = saved.pending_seed, True
+
+    def ahead(self, count: int) -> dict[str, Any]:
+        """Compute up to ``count`` samples ahead (kept, then yielded first) and digest them: what
+        ``save_snapshot(verify=K)`` records (the manifest's ``fingerprints``) and a restore compares."""
+        if self.epoch < 0 or self.epoch_finished:
+            return {"count": 0, "fingerprints": [], "ends": True}
+        it = self.datapipe_iter
+        while it is not None and len(self.lookahead) < count:
+            try:
+                self.lookahead.append(next(it))
+            except StopIteration:
+                break
+        ahead = list(self.lookahead)[:count]
+        return {"count": count, "fingerprints": [sample_digest(x) for x in ahead], "ends": len(ahead) < count}
 
     def choose_generator(self, collective: Any = None) -> None:
         """Set the seed generator of the epoch that starts, as torchdata 0.9 does: a seed from

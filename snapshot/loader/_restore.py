@@ -1,4 +1,4 @@
-"""Restoring a ``DataLoader2`` from a snapshot, and verifying the restored stream.
+"""The loader's restorer: it puts the loader where a snapshot was saved, and verifies the restored stream.
 
 Everything is validated before the loader changes; if verification then fails, the loader's
 position is put back as it was.
@@ -12,14 +12,16 @@ from typing import TYPE_CHECKING, Any, Literal
 from snapshot.container import _serialization
 from snapshot.container.capture import Snapshot
 from snapshot.engine.plan import RestoreStrategy, check_graph, check_strategy
-from snapshot.engine.randomness import SeedGenerator
 from snapshot.errors import LayoutError, RankError, SnapshotError, VerificationError
-from snapshot.loader._digest import digests_ahead
+from snapshot.loader._graph_copy import GraphCopy
+from snapshot.loader._position import LivePosition
+from snapshot.loader._service import LoaderService
 from snapshot.schema import RankState, SavedState, ServiceState, VerifyRecord
 
 if TYPE_CHECKING:
-    from snapshot.loader._parts import LoaderParts
     from snapshot.reading_service.base import ReadingServiceInterface
+
+__all__ = ["Restorer", "load_with_graph"]
 
 
 def load_with_graph(src: Any, reading_service: ReadingServiceInterface | None,
@@ -39,54 +41,111 @@ def load_with_graph(src: Any, reading_service: ReadingServiceInterface | None,
     return snap, reading_service
 
 
-def restore(loader: LoaderParts, snap: Snapshot, strategy: RestoreStrategy) -> None:
-    """Position ``loader`` where ``snap`` was saved, after checking that it can be."""
-    if loader._terminated:
-        raise RuntimeError("Cannot restore a DataLoader2 that has been shut down")
-    if loader._graph is None:
-        if snap.graph is None:
-            raise SnapshotError(
-                "the snapshot does not include the graph (saved with include_graph=False) "
-                "and this loader has none: build the graph in code and pass it to "
-                "DataLoader2(...) before restoring."
+class Restorer:
+    """Puts the loader's position and reading service where a snapshot says they stood, adopting
+    the snapshot's graph when the loader has none."""
+
+    def __init__(self, graph: GraphCopy, service: LoaderService, position: LivePosition) -> None:
+        self.graph, self.service, self.position = graph, service, position
+
+    def restore(self, snap: Snapshot, strategy: RestoreStrategy) -> None:
+        """Position the loader where ``snap`` was saved, after checking that it can be."""
+        if self.service.terminated:
+            raise RuntimeError("Cannot restore a DataLoader2 that has been shut down")
+        if self.graph.graph is None:
+            if snap.graph is None:
+                raise SnapshotError(
+                    "the snapshot does not include the graph (saved with include_graph=False) "
+                    "and this loader has none: build the graph in code and pass it to "
+                    "DataLoader2(...) before restoring."
+                )
+            self.graph.adopt(snap.graph)
+        graph = self.graph.require()
+        check_graph([node.to_dict() for node in snap.info.graph.nodes], graph, self.graph.code_changes)
+        check_strategy(graph, strategy)  # refuses an impossible strategy up front
+        saved = snap.take_saved()
+        service = self.service.service
+        problems = service.validate(saved.service if service.reads_records else saved.service.to_dict()) \
+            if saved.service is not None else []
+        collective = self.service.collective()
+        rank_position = _rank_position(saved, collective)
+        if rank_position is None and any(r.lookahead for r in saved.ranks):
+            problems.append("the snapshot holds samples computed ahead for verification on some rank; it "
+                            "restores only onto the same number of ranks")
+        if problems:
+            raise LayoutError("cannot restore onto this reading service:\n  " + "\n  ".join(problems))
+        if collective is not None:
+            identities = collective.all_gather(snap.identity, "checking that every rank restores the same snapshot")
+            if len(set(identities)) != 1:
+                differ = [r for r, i in enumerate(identities) if i != identities[0]]
+                raise RankError(f"ranks {differ} restore a different snapshot than rank 0; every rank must "
+                                "restore the same one")
+        # Validated: now change the loader (and put it back if verification fails).
+        before = self.position.copy()
+        try:
+            # node states arrive decoded (format 2: as data; format 1: unpickled when loaded)
+            self._apply(saved, saved.service, strategy, rank_position)
+            recorded = snap.info.verify if rank_position is not None else None
+            if recorded is not None:
+                self.verify(recorded)
+        except BaseException as exc:
+            self.graph.explain(exc)
+            self.position.roll_back(before)
+            raise
+
+    def _apply(self, saved: SavedState, service: ServiceState | None, strategy: RestoreStrategy,
+               rank_position: RankState | Literal[False] | None = False) -> None:
+        pos, reading = self.position, self.service.service
+        if pos.datapipe_iter is not None:
+            reading.finalize_iteration()
+            pos.datapipe_iter = None
+        pos.take_saved(saved)
+        if pos.epoch < 0:
+            pos.datapipe_iter = None
+            pos.reset_iter = True
+            return
+        if rank_position:
+            pos.yielded = rank_position.yielded
+            pos.epoch_finished = rank_position.epoch_finished
+            pos.lookahead = deque(rank_position.lookahead)
+        elif rank_position is None:  # another layout: this rank's share starts where its shards stand
+            pos.lookahead = deque()
+            pos.epoch_finished = all(r.epoch_finished for r in saved.ranks) and bool(saved.ranks)
+        state = service if reading.reads_records or service is None else service.to_dict()
+        pos.end = reading.restore(self.graph.datapipe, state or {}, strategy=strategy)
+        if rank_position is None:
+            progress = getattr(reading, "progress", None)
+            pos.yielded = progress()[0] if progress is not None else 0
+        if pos.epoch_finished:
+            pos.reset_iter = True
+            pos.datapipe_iter = None
+        else:
+            pos.datapipe_iter = iter(pos.end)
+            pos.reset_iter = False
+
+    def verify(self, recorded: VerifyRecord) -> None:
+        """Refuse a restored stream whose next samples differ from those recorded at saving."""
+        pos = self.position
+        count = recorded.count
+        got: list[str] = pos.ahead(count)["fingerprints"] if count else []
+        expected = list(recorded.fingerprints)
+        for index, (want, have) in enumerate(zip(expected, got)):
+            if want != have:
+                sample = repr(pos.lookahead[index])
+                sample = sample if len(sample) <= 100 else sample[:97] + "..."
+                raise VerificationError(
+                    f"the restored stream differs from the one recorded when the snapshot was saved, "
+                    f"at sample {index} after the snapshot (sample {pos.yielded + index} of epoch "
+                    f"{pos.epoch}): recorded fingerprint {want}, restored {have} = {sample}. The "
+                    "graph's code or data changed since the snapshot (a map function?), or a pipe is "
+                    "not deterministic. The loader was not restored."
+                )
+        if len(expected) != len(got):
+            raise VerificationError(
+                f"the restored stream has {len(got)} samples where the recorded one "
+                f"had {len(expected)} before the end of epoch {pos.epoch}: the data changed since "
+                "the snapshot. The loader was not restored."
             )
-        loader._set_graph_bytes(snap.graph)
-    assert loader._graph is not None
-    check_graph([node.to_dict() for node in snap.info.graph.nodes], loader._graph, loader.code_changes)
-    check_strategy(loader._graph, strategy)  # refuses an impossible strategy up front
-    saved = snap.take_saved()
-    service = loader.reading_service
-    problems = service.validate(saved.service if service.reads_records else saved.service.to_dict()) \
-        if saved.service is not None else []
-    collective = loader._collective()
-    rank_position = _rank_position(saved, collective)
-    if rank_position is None and any(r.lookahead for r in saved.ranks):
-        problems.append("the snapshot holds samples computed ahead for verification on some rank; it "
-                        "restores only onto the same number of ranks")
-    if problems:
-        raise LayoutError("cannot restore onto this reading service:\n  " + "\n  ".join(problems))
-    if collective is not None:
-        identities = collective.all_gather(snap.identity, "checking that every rank restores the same snapshot")
-        if len(set(identities)) != 1:
-            differ = [r for r, i in enumerate(identities) if i != identities[0]]
-            raise RankError(f"ranks {differ} restore a different snapshot than rank 0; every rank must "
-                            "restore the same one")
-    decoded = saved.service  # node states arrive decoded (format 2: as data; format 1: unpickled when loaded)
-    # Validated: now change the loader (and put it back if verification fails).
-    before = loader._position.copy()
-    try:
-        _apply(loader, saved, decoded, strategy, rank_position)
-        recorded = snap.info.verify if rank_position is not None else None
-        if recorded is not None:
-            verify(loader, recorded)
-    except BaseException as exc:
-        if loader._graph_from_snapshot:
-            _serialization.explain_missing_code(exc)
-        loader._position = before
-        if before.datapipe_iter is not None:  # the previous epoch's run was replaced: start afresh
-            before.datapipe_iter = None
-            before.reset_iter = True
-        raise
 
 
 def _rank_position(saved: SavedState, collective: Any) -> RankState | Literal[False] | None:
@@ -97,72 +156,3 @@ def _rank_position(saved: SavedState, collective: Any) -> RankState | Literal[Fa
         return False if world == 1 else None
     rank = collective.rank if collective is not None else 0
     return saved.ranks[rank] if len(saved.ranks) == world else None
-
-
-def _apply(loader: LoaderParts, saved: SavedState, service: ServiceState | None,
-           strategy: RestoreStrategy, rank_position: RankState | Literal[False] | None = False) -> None:
-    pos = loader._position
-    if pos.datapipe_iter is not None:
-        loader.reading_service.finalize_iteration()
-        pos.datapipe_iter = None
-    pos.epoch = saved.position.epoch
-    pos.yielded = saved.position.yielded
-    pos.epoch_finished = saved.position.epoch_finished
-    pos.seed = saved.seed
-    pos.seed_given = saved.seed_given
-    pos.generator = SeedGenerator.from_state(saved.generator) if saved.generator is not None else None
-    pos.lookahead = deque(saved.lookahead)
-    # seed() semantics: a seed given before the snapshot and not yet used stays pending;
-    # otherwise the epoch's own seed keeps driving the seed sequence.
-    pos.user_seed = pos.seed if pos.seed_given else None
-    pos.reset_seed = False
-    if saved.pending_seed is not None:
-        pos.user_seed, pos.reset_seed = saved.pending_seed, True
-    if pos.epoch < 0:
-        pos.datapipe_iter = None
-        pos.reset_iter = True
-        return
-    if rank_position:
-        pos.yielded = rank_position.yielded
-        pos.epoch_finished = rank_position.epoch_finished
-        pos.lookahead = deque(rank_position.lookahead)
-    elif rank_position is None:  # another layout: this rank's share starts where its shards stand
-        pos.lookahead = deque()
-        pos.epoch_finished = all(r.epoch_finished for r in saved.ranks) and bool(saved.ranks)
-    reading = loader.reading_service
-    state = service if reading.reads_records or service is None else service.to_dict()
-    pos.end = reading.restore(loader.datapipe, state or {}, strategy=strategy)
-    if rank_position is None:
-        progress = getattr(loader.reading_service, "progress", None)
-        pos.yielded = progress()[0] if progress is not None else 0
-    if pos.epoch_finished:
-        pos.reset_iter = True
-        pos.datapipe_iter = None
-    else:
-        pos.datapipe_iter = iter(pos.end)
-        pos.reset_iter = False
-
-
-def verify(loader: LoaderParts, recorded: VerifyRecord) -> None:
-    """Refuse a restored stream whose next samples differ from those recorded at saving."""
-    pos = loader._position
-    count = recorded.count
-    got: list[str] = digests_ahead(loader, count)["fingerprints"] if count else []
-    expected = list(recorded.fingerprints)
-    for index, (want, have) in enumerate(zip(expected, got)):
-        if want != have:
-            sample = repr(pos.lookahead[index])
-            sample = sample if len(sample) <= 100 else sample[:97] + "..."
-            raise VerificationError(
-                f"the restored stream differs from the one recorded when the snapshot was saved, "
-                f"at sample {index} after the snapshot (sample {pos.yielded + index} of epoch "
-                f"{pos.epoch}): recorded fingerprint {want}, restored {have} = {sample}. The "
-                "graph's code or data changed since the snapshot (a map function?), or a pipe is "
-                "not deterministic. The loader was not restored."
-            )
-    if len(expected) != len(got):
-        raise VerificationError(
-            f"the restored stream has {len(got)} samples where the recorded one "
-            f"had {len(expected)} before the end of epoch {pos.epoch}: the data changed since "
-            "the snapshot. The loader was not restored."
-        )

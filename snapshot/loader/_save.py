@@ -1,26 +1,24 @@
-"""Capturing a ``DataLoader2``'s position and writing it: now, or in a background thread."""
+"""The loader's saver: it captures the position and writes it, now or in a background thread."""
 
 from __future__ import annotations
 
 import os
-import warnings
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from snapshot._warnings import user_stacklevel
 from snapshot.container import _serialization
 from snapshot.container.capture import LoaderState, Snapshot, snapshot_of
 from snapshot.container.format import PathOrFile
 from snapshot.engine.plan import check_restorable
-from snapshot.errors import SerializationError, SnapshotError
-from snapshot.loader._digest import digests_ahead
-from snapshot.loader._stop import stopped_service
+from snapshot.loader._graph_copy import GraphCopy
+from snapshot.loader._position import LivePosition
+from snapshot.loader._service import LoaderService
 from snapshot.storage import _fsspec, _object_directory, _rotation, _staging, multipart
+from snapshot.storage._background import BackgroundSaver
 from snapshot.storage._io import save, write
 from snapshot.storage.multipart import part_info, parts_state_dict
 
-if TYPE_CHECKING:
-    from snapshot.loader._parts import LoaderParts
+__all__ = ["Saver", "check_keep_last"]
 
 
 def check_keep_last(dest: Any, keep_last: int) -> None:
@@ -32,120 +30,112 @@ def check_keep_last(dest: Any, keep_last: int) -> None:
     _rotation.prune_check(dest)
 
 
-def snapshot_source(loader: LoaderParts, *, include_graph: bool, verify: int = 0) -> LoaderState:
-    """What ``loader`` reports for a capture; ``verify=K`` fingerprints the next K samples."""
-    if loader._graph is None:
-        raise SnapshotError("this DataLoader2 has no graph yet; nothing to capture")
-    pos = loader._position
-    if loader._terminated:
-        service_state = stopped_service(loader._stopped, verify)
-    else:
-        service_state = loader.reading_service.checkpoint() if pos.epoch >= 0 else {}
-    source = LoaderState(
-        epoch=pos.epoch,
-        yielded=pos.yielded,
-        epoch_finished=pos.epoch_finished,
-        seed=pos.seed if pos.epoch >= 0 else None,
-        seed_given=pos.seed_given,
-        pending_seed=pos.user_seed if pos.reset_seed else None,
-        generator=pos.generator.state() if pos.generator is not None else None,
-        service=service_state,
-        service_name=type(loader.reading_service).__name__,
-        graph_nodes=loader._graph.describe(),
-        graph_fingerprint=loader._graph.fingerprint,
-        code_changes=loader.code_changes.value,
-        graph_bytes=loader._graph_bytes if include_graph else None,
-        service_bytes=loader._service_bytes,
-        lookahead=list(pos.lookahead),
-    )
-    if verify:
-        source.verify = digests_ahead(loader, verify)
-    return source
+class Saver:
+    """Captures where the loader stands (its graph, service and position, which it reads and never
+    changes but to compute samples ahead for ``verify``) and writes it. One save runs at a time:
+    a background save (``background``) is waited for before the next, and before a stop."""
 
+    def __init__(self, graph: GraphCopy, service: LoaderService, position: LivePosition) -> None:
+        self.graph, self.service, self.position = graph, service, position
+        self.background = BackgroundSaver()
 
-def _checked_source(loader: LoaderParts, *, include_graph: bool, verify: int = 0) -> LoaderState:
-    """:func:`snapshot_source`, after refusing a graph that cannot be restored exactly (before anything is
-    computed ahead or written). The save path stays in this module: it never climbs back into the loader."""
-    if loader._graph is not None:
-        check_restorable(loader._graph)
-    return snapshot_source(loader, include_graph=include_graph, verify=verify)
+    def wait(self) -> None:
+        """Wait for the background save, if one runs."""
+        self.background.wait()
 
+    def source(self, *, include_graph: bool, verify: int = 0) -> LoaderState:
+        """What the loader reports for a capture, after refusing a graph that cannot be restored
+        exactly (before anything is computed ahead or written); ``verify=K`` fingerprints the next K samples."""
+        graph = self.graph.require()
+        check_restorable(graph)
+        pos = self.position
+        source = LoaderState(
+            epoch=pos.epoch,
+            yielded=pos.yielded,
+            epoch_finished=pos.epoch_finished,
+            seed=pos.seed if pos.epoch >= 0 else None,
+            seed_given=pos.seed_given,
+            pending_seed=pos.user_seed if pos.reset_seed else None,
+            generator=pos.generator.state() if pos.generator is not None else None,
+            service=self.service.checkpoint(pos, verify),
+            service_name=type(self.service.service).__name__,
+            graph_nodes=graph.describe(),
+            graph_fingerprint=graph.fingerprint,
+            code_changes=self.graph.code_changes.value,
+            graph_bytes=self.graph.pickled if include_graph else None,
+            service_bytes=self.service.pickled,
+            lookahead=list(pos.lookahead),
+        )
+        if verify:
+            source.verify = pos.ahead(verify)
+        return source
 
-def check_portable(loader: LoaderParts, include_graph: bool = True, *, strict: bool = True) -> None:
-    """Refuse (``strict``) or warn about a graph whose pickle would not load in another script."""
-    problem = loader._graph_problem
-    if not include_graph or problem is None:
-        return
-    message = (f"the DataPipe graph cannot be saved so that another script can load it: {problem}. Move that "
-               "function (and what it uses) into a module the restoring script can import, or make the value "
-               "picklable; or save with include_graph=False and build the same graph in code before "
-               "restore_snapshot()")
-    if strict:
-        raise SerializationError(message + ".")
-    warnings.warn(message + ". This state dict's graph loads only in the script that saved it (from_state "
-                  "elsewhere fails); load_state_dict() onto a graph built in code is not affected.",
-                  stacklevel=user_stacklevel())
-
-
-def save_now(loader: LoaderParts, dest: PathOrFile | None, *, include_graph: bool,
-             keep_last: int | None, key: bytes | str | None, verify: int) -> Snapshot:
-    """Capture and, when ``dest`` is given, write (a collective across ranks)."""
-    check_portable(loader, include_graph)
-    collective = loader._collective()
-    source = _checked_source(loader, include_graph=include_graph, verify=verify)
-    if collective is None and isinstance(dest, (str, os.PathLike)):
-        snap = write(source, dest, key=key)  # encoded straight into the file: no copy of the state
+    def save(self, dest: PathOrFile | None, *, blocking: bool, include_graph: bool,
+             keep_last: int | None, key: bytes | str | None, verify: int) -> Snapshot | Future[str]:
+        """``save_snapshot``: after the previous background save, this one, now or in the background."""
         if keep_last is not None:
-            _rotation.prune(dest, keep_last)
+            check_keep_last(dest, keep_last)
+        self.wait()
+        save = self._save_now if blocking else self._save_in_background
+        return save(dest, include_graph=include_graph, keep_last=keep_last, key=key, verify=verify)
+
+    def _save_now(self, dest: PathOrFile | None, *, include_graph: bool,
+                  keep_last: int | None, key: bytes | str | None, verify: int) -> Snapshot:
+        """Capture and, when ``dest`` is given, write (a collective across ranks)."""
+        self.graph.check_portable(include_graph)
+        collective = self.service.collective()
+        source = self.source(include_graph=include_graph, verify=verify)
+        if collective is None and isinstance(dest, (str, os.PathLike)):
+            snap = write(source, dest, key=key)  # encoded straight into the file: no copy of the state
+            if keep_last is not None:
+                _rotation.prune(dest, keep_last)
+            return snap
+        snap = snapshot_of(source)
+        if dest is not None and collective is not None and _fsspec.is_url(dest):
+            # object storage: every rank uploads its part, rank 0 the index last
+            _object_directory.save_directory(collective, snap.to_bytes(key=key), snap.manifest, str(dest), key)
+        elif dest is not None and collective is not None:
+            # a directory: every rank writes its part, rank 0 the manifest
+            multipart.save_directory(collective, snap.to_bytes(key=key), snap.manifest, dest, key)
+        elif dest is not None:
+            save(snap, dest, key=key)
+        if keep_last is not None and (collective is None or collective.rank == 0):
+            _rotation.prune(dest, keep_last)  # type: ignore[arg-type]
         return snap
-    snap = snapshot_of(source)
-    if dest is not None and collective is not None and _fsspec.is_url(dest):
-        # object storage: every rank uploads its part, rank 0 the index last
-        _object_directory.save_directory(collective, snap.to_bytes(key=key), snap.manifest, str(dest), key)
-    elif dest is not None and collective is not None:
-        # a directory: every rank writes its part, rank 0 the manifest
-        multipart.save_directory(collective, snap.to_bytes(key=key), snap.manifest, dest, key)
-    elif dest is not None:
-        save(snap, dest, key=key)
-    if keep_last is not None and (collective is None or collective.rank == 0):
-        _rotation.prune(dest, keep_last)  # type: ignore[arg-type]
-    return snap
 
+    def _save_in_background(self, dest: PathOrFile | None, *, include_graph: bool,
+                            keep_last: int | None, key: bytes | str | None, verify: int) -> Future[str]:
+        """Capture now; encode and write in the background saver (synchronous across ranks)."""
+        if dest is None or not isinstance(dest, (str, os.PathLike)):  # a path or a URL
+            raise TypeError(
+                f"save_snapshot(blocking=False) writes to a path, got {type(dest).__name__}; pass a "
+                "path, or use blocking=True to write to a file object or to get the Snapshot")
+        self.graph.check_portable(include_graph)
+        path = os.fspath(dest)
+        done: Future[str] = Future()
+        if self.service.collective() is not None:
+            self._save_now(dest, include_graph=include_graph, keep_last=keep_last, key=key, verify=verify)
+            done.set_result(path)
+            return done
+        source = _staging.stage(self.source(include_graph=include_graph, verify=verify))
 
-def save_in_background(loader: LoaderParts, dest: PathOrFile | None, *, include_graph: bool,
-                       keep_last: int | None, key: bytes | str | None, verify: int) -> Future[str]:
-    """Capture now; pickle and write in the loader's background saver (synchronous across ranks)."""
-    if dest is None or not isinstance(dest, (str, os.PathLike)):  # a path or a URL
-        raise TypeError(
-            f"save_snapshot(blocking=False) writes to a path, got {type(dest).__name__}; pass a "
-            "path, or use blocking=True to write to a file object or to get the Snapshot")
-    check_portable(loader, include_graph)
-    path = os.fspath(dest)
-    done: Future[str] = Future()
-    if loader._collective() is not None:
-        save_now(loader, dest, include_graph=include_graph, keep_last=keep_last, key=key, verify=verify)
-        done.set_result(path)
-        return done
-    source = _staging.stage(_checked_source(loader, include_graph=include_graph, verify=verify))
+        def background() -> str:
+            with _serialization.cooperative():
+                write(source, path, key=key, progress=False)  # a background save never draws a bar
+            if keep_last is not None:
+                _rotation.prune(path, keep_last)
+            return path
 
-    def background() -> str:
-        with _serialization.cooperative():
-            write(source, path, key=key, progress=False)  # a background save never draws a bar
-        if keep_last is not None:
-            _rotation.prune(path, keep_last)
-        return path
+        return self.background.submit(background, path)
 
-    return loader._saver.submit(background, path)
-
-
-def state_dict(loader: LoaderParts) -> dict[str, Any]:
-    """``loader.state_dict()``: across ranks, every rank's part on every rank (DCP keeps one copy)."""
-    check_portable(loader, strict=False)
-    snap = snapshot_of(_checked_source(loader, include_graph=True))
-    collective = loader._collective()
-    if collective is None:
-        return snap.state_dict()
-    data = snap.to_bytes()
-    gathered = collective.all_gather((snap.manifest, data), "gathering the loader's state")
-    infos = [part_info(rank, manifest, part) for rank, (manifest, part) in enumerate(gathered)]
-    return parts_state_dict(infos, [part for _, part in gathered])
+    def state_dict(self) -> dict[str, Any]:
+        """``loader.state_dict()``: across ranks, every rank's part on every rank (DCP keeps one copy)."""
+        self.graph.check_portable(strict=False)
+        snap = snapshot_of(self.source(include_graph=True))
+        collective = self.service.collective()
+        if collective is None:
+            return snap.state_dict()
+        data = snap.to_bytes()
+        gathered = collective.all_gather((snap.manifest, data), "gathering the loader's state")
+        infos = [part_info(rank, manifest, part) for rank, (manifest, part) in enumerate(gathered)]
+        return parts_state_dict(infos, [part for _, part in gathered])

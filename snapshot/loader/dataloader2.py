@@ -19,27 +19,20 @@ from typing import Any, Generic, Literal, TypeVar, overload
 
 from torch.utils.data import IterDataPipe, MapDataPipe
 
-from snapshot.container import _serialization
 from snapshot.container.capture import LoaderState, Snapshot
 from snapshot.container.format import PathOrFile
-from snapshot.engine.graph import Graph
 from snapshot.engine.plan import CodeChanges, RestoreStrategy
 from snapshot.engine.randomness import UINT64_LIMIT
 from snapshot.hooks._positions import BufferState
-from snapshot.loader import _lightning_guard, _restore, _save, _stop
-from snapshot.loader._iterator import (
-    DataLoader2Iterator,
-    adapted_copy,
-    adapter_list,
-    checked_service,
-    configure_buffers,
-    map_to_iter,
-    not_a_datapipe,
-)
-from snapshot.loader._position import LivePosition, Pausing, PausingMethods, Stopped, loader_repr
+from snapshot.loader import _lightning_guard
+from snapshot.loader._graph_copy import GraphCopy
+from snapshot.loader._iterator import DataLoader2Iterator, adapter_list, map_to_iter, not_a_datapipe
+from snapshot.loader._position import LivePosition, Pausing, PausingMethods, loader_repr
+from snapshot.loader._restore import Restorer, load_with_graph
+from snapshot.loader._save import Saver
+from snapshot.loader._service import LoaderService
 from snapshot.loader.restore import restore as _restore_into
 from snapshot.reading_service.base import ReadingServiceInterface
-from snapshot.storage._background import BackgroundSaver
 
 __all__ = ["DataLoader2", "DataLoader2Iterator"]
 
@@ -88,55 +81,55 @@ class DataLoader2(PausingMethods, Generic[T_co]):
         buffer_state: BufferState | str = BufferState.VALUES,
         code_changes: CodeChanges | str = CodeChanges.REFUSE,
     ) -> None:
-        self.buffer_state, self.code_changes = BufferState.parse(buffer_state), CodeChanges.parse(code_changes)
+        self.buffer_state = BufferState.parse(buffer_state)
         if datapipe is not None and not isinstance(datapipe, (IterDataPipe, MapDataPipe)):
             raise TypeError(not_a_datapipe(datapipe))
         if isinstance(datapipe, MapDataPipe):
             datapipe = map_to_iter(datapipe)
         self.datapipe_adapter_fns: list[Any] | None = adapter_list(datapipe_adapter_fn)
-        service = checked_service(reading_service)
-        self._service_bytes = _serialization.dumps(service, what="reading service")
-        self.reading_service: ReadingServiceInterface = _serialization.loads(self._service_bytes)
-        configure_buffers(self.reading_service, self.buffer_state)
-        self.datapipe: Any = None
-        self._graph: Graph | None = None
-        self._graph_bytes: bytes | None = None  # the pickle snapshots keep (see adapted_copy)
-        self._graph_problem: str | None = None  # why it would not load in another script
-        self._graph_from_snapshot = False  # unpickled from a snapshot (see explain_missing_code)
-        if datapipe is not None:  # a private, adapted copy; its pickle kept for snapshots
-            datapipe, data, self._graph_problem = adapted_copy(datapipe, self.datapipe_adapter_fns)
-            self._set_graph_bytes(data, datapipe)
-        self._terminated = False
-        #: Set by ``shutdown()``: the position it kept for saves after it (see ``Stopped``).
-        self._stopped: Stopped | None = None
-        self.valid_iterator_id: int | None = None
         #: Epoch, samples yielded, randomness (torchdata 0.9 semantics) and the running iterator.
         self._position = LivePosition()
         # torchdata 0.9's pause and limit: iteration stops without ending the epoch.
         self._pausing = Pausing()
-        self._saver = BackgroundSaver()
+        self.valid_iterator_id: int | None = None
+        # The loader's own copies of the reading service and of the graph (with their pickles), and
+        # the saver and restorer that read and set them and the position.
+        self._service = LoaderService(reading_service, self.buffer_state)
+        self._graph = GraphCopy(datapipe, self.datapipe_adapter_fns, CodeChanges.parse(code_changes))
+        self._saver = Saver(self._graph, self._service, self._position)
+        self._restorer = Restorer(self._graph, self._service, self._position)
 
-    def _set_graph_bytes(self, data: bytes, datapipe: Any = None) -> None:
-        self._graph_bytes, self._graph_from_snapshot = data, datapipe is None
-        self.datapipe = datapipe if datapipe is not None else _serialization.loads_graph(data)
-        self._graph = Graph(self.datapipe)
+    @property
+    def datapipe(self) -> Any:
+        """The graph's sink this loader runs: its own adapted copy of the one it was given."""
+        return self._graph.datapipe
+
+    @property
+    def reading_service(self) -> ReadingServiceInterface:
+        """This loader's copy of the reading service it was given."""
+        return self._service.service
+
+    @property
+    def code_changes(self) -> CodeChanges:
+        """What restoring does when a function of the graph has other code than when it was saved."""
+        return self._graph.code_changes
 
     # -- iteration ------------------------------------------------------------------------
 
     def __iter__(self) -> DataLoader2Iterator[T_co]:
         if self.datapipe is None:
             raise RuntimeError("Please provide datapipe or use load_state_dict to load datapipe from state")
-        if self._terminated:
+        if self._service.terminated:
             raise RuntimeError("Cannot iterate over the DataLoader as it has already been shut down")
         if self._position.reset_iter:
             self._start_epoch()
             self._position.reset_iter = False
         self.valid_iterator_id = 0 if self.valid_iterator_id is None else self.valid_iterator_id + 1
-        return DataLoader2Iterator(self, self.valid_iterator_id)
+        return DataLoader2Iterator(self, self.valid_iterator_id, self._position, self._pausing)
 
     def _start_epoch(self) -> None:
         self._ensure_initialized()
-        self._position.start_epoch(self.reading_service, self._collective())
+        self._position.start_epoch(self.reading_service, self._service.collective())
 
     def _ensure_initialized(self) -> None:
         if self._position.end is None:
@@ -156,17 +149,23 @@ class DataLoader2(PausingMethods, Generic[T_co]):
     def shutdown(self) -> None:
         """Wait for a background save, stop the reading service (worker processes, ...). Safe to
         call twice. A save after it (or after a ``with`` block) restores exactly where the loader
-        stopped; after a failure of the graph or a worker it raises (see ``_stop``)."""
-        _stop.stop(self, keep_position=True)
+        stopped; after a failure of the graph or a worker it raises (see ``LoaderService``)."""
+        self._stop(keep_position=True)
 
     def _stop_after_error(self, error: BaseException) -> None:
         """The graph raised ``error`` into the loop: stop, keeping why a later save cannot be exact."""
-        _stop.stop(self, keep_position=True, error=error)
+        self._graph.explain(error)
+        self._stop(keep_position=True, error=error)
+
+    def _stop(self, *, keep_position: bool, error: BaseException | None = None) -> None:
+        self._saver.wait()
+        keep_position = keep_position and self._graph.graph is not None
+        self._service.stop(self._position, keep_position=keep_position, error=error)
 
     def __del__(self) -> None:
         try:
-            _stop.stop(self, keep_position=False)  # nobody saves a collected loader: no capture
-        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            self._stop(keep_position=False)  # nobody saves a collected loader: no capture
+        except Exception:  # noqa: BLE001 - never raise from a finalizer (nor for a loader its __init__ refused)
             pass
 
     def __enter__(self) -> DataLoader2[T_co]:
@@ -178,7 +177,8 @@ class DataLoader2(PausingMethods, Generic[T_co]):
     # -- snapshots ------------------------------------------------------------------------
 
     def _snapshot_source(self, *, include_graph: bool, verify: int = 0) -> LoaderState:
-        return _save.snapshot_source(self, include_graph=include_graph, verify=verify)
+        """What ``snapshot.capture(loader)`` encodes (see :meth:`Saver.source`)."""
+        return self._saver.source(include_graph=include_graph, verify=verify)
 
     @overload
     def save_snapshot(self, dest: PathOrFile | None = None, *, include_graph: bool = True, keep_last: int | None = None,
@@ -209,18 +209,8 @@ class DataLoader2(PausingMethods, Generic[T_co]):
         ``shutdown()`` and the interpreter's exit wait for it. The write is atomic, and across
         ranks the save stays synchronous (the future is already done).
         """
-        if keep_last is not None:
-            _save.check_keep_last(dest, keep_last)
-        self._saver.wait()
-        save = _save.save_now if blocking else _save.save_in_background
-        return save(self, dest, include_graph=include_graph, keep_last=keep_last, key=key, verify=verify)
-
-    def _collective(self) -> Any:
-        """The reading service's collective operations when it spans ranks (else ``None``, also
-        once the loader is stopped: its process group is released)."""
-        if self._terminated:
-            return None
-        return getattr(self.reading_service, "collective", None)
+        return self._saver.save(dest, blocking=blocking, include_graph=include_graph, keep_last=keep_last,
+                                key=key, verify=verify)
 
     def restore_snapshot(
         self, src: Any, *, strategy: RestoreStrategy | str = "auto",
@@ -249,10 +239,10 @@ class DataLoader2(PausingMethods, Generic[T_co]):
         on snapshots you trust (signed ones, with ``key``). It trusts the file's pickled values
         too. To run nothing from a file, build the graph in code and call :meth:`restore_snapshot`.
         """
-        snap, reading_service = _restore.load_with_graph(src, reading_service, key)
+        snap, reading_service = load_with_graph(src, reading_service, key)
         loader: DataLoader2[Any] = cls(None, reading_service=reading_service, buffer_state=buffer_state,
                                        code_changes=code_changes)
-        _restore.restore(loader, snap, RestoreStrategy.parse(strategy))
+        loader._restorer.restore(snap, RestoreStrategy.parse(strategy))
         return loader
 
     # -- torchdata 0.9 state-dict API -----------------------------------------------------
@@ -268,7 +258,7 @@ class DataLoader2(PausingMethods, Generic[T_co]):
         In a distributed run this is a collective: call it on every rank.
         """
         _lightning_guard.check_caller("state_dict")
-        return _save.state_dict(self)
+        return self._saver.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore from :meth:`state_dict` (mid-epoch); runs no code from it (as :meth:`restore_snapshot`: pickled
@@ -284,8 +274,9 @@ class DataLoader2(PausingMethods, Generic[T_co]):
         return cls.from_snapshot(state, reading_service)
 
     def __repr__(self) -> str:
-        return loader_repr(getattr(self, "_graph", None), getattr(self, "reading_service", None),
-                           getattr(self, "_position", None), getattr(self, "_terminated", False))
+        graph, service = getattr(self, "_graph", None), getattr(self, "_service", None)
+        return loader_repr(getattr(graph, "graph", None), getattr(service, "service", None),
+                           getattr(self, "_position", None), getattr(service, "terminated", False))
 
     def __getstate__(self) -> Any:
         raise pickle.PicklingError(

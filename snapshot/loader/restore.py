@@ -1,6 +1,6 @@
-"""Applying a snapshot: :func:`restore` reads it (:mod:`snapshot.storage._io`) and hands it to
-:mod:`snapshot.loader._restore`, which checks the graph, plans (:mod:`snapshot.plan`) and applies the
-plan through the loader's reading service.
+"""Applying a snapshot: :func:`restore` reads it (:mod:`snapshot.storage._io`) and hands it to the
+loader's restorer (:class:`snapshot.loader._restore.Restorer`), which checks the graph, plans
+(:mod:`snapshot.plan`) and applies the plan through the loader's reading service.
 
 The planning names (``RestoreStrategy``, ``Plan``, ``make_plan``, ...) live in :mod:`snapshot.plan`
 and are importable from here too, where earlier releases defined them.
@@ -35,12 +35,11 @@ def restore(loader: Any, src: Any, *, strategy: RestoreStrategy | str = "auto",
     (format 1, or values that are not data) is refused unless it is signed with ``key`` or
     ``allow_pickle=True`` (see :func:`snapshot.load`).
     """
-    if not callable(getattr(loader, "restore_snapshot", None)):
+    restorer = getattr(loader, "_restorer", None)
+    if restorer is None:
         raise TypeError(f"snapshot.restore() puts a snapshot.DataLoader2 at a saved position; got a "
                         f"{type(loader).__name__} as the loader")
     strategy = RestoreStrategy.parse(strategy)
     snap = src if isinstance(src, Snapshot) else load(src, key=key, allow_pickle=allow_pickle)
-    from snapshot.loader import _restore  # here: it imports torch, which `import snapshot` does not
-
-    _restore.restore(loader, snap, strategy)
+    restorer.restore(snap, strategy)
     return snap

@@ -26,7 +26,7 @@ from snapshot import schema
 from snapshot.container import _codec, _serialization
 from snapshot.errors import CorruptSnapshotError, ManifestError, UntrustedStateError
 
-__all__ = ["TRUST_HINT", "read", "size_of", "write"]
+__all__ = ["TRUST_HINT", "read", "write"]
 
 #: How to proceed when a payload needs trust (the end of every such error).
 TRUST_HINT = ("If you trust the file, pass allow_pickle=True to restore_snapshot() (which also takes a state dict) "
@@ -36,12 +36,14 @@ TRUST_HINT = ("If you trust the file, pass allow_pickle=True to restore_snapshot
 _NODE = re.compile(r"\.(shards|upstream)\[(\d+)\]\.nodes\[(?P<q>['\"])(?P<path>.+?)(?P=q)\](?P<rest>.*)")
 
 
-def write(body: dict[str, Any], sink: Callable[[Any], Any]) -> dict[str, Any]:
+def write(body: dict[str, Any], sink: Callable[[Any], Any],
+          measure: dict[int, Any] | None = None) -> tuple[dict[str, Any], dict[Any, int]]:
     """Encode ``body`` into ``sink``: the data section, then the pickled section.
 
-    Returns the manifest's record of the two sections (``encoding``, ``data``, ``pickled``).
+    Returns the manifest's record of the two sections (``encoding``, ``data``, ``pickled``), and
+    the encoded size of the ``state`` of each dict ``measure`` labels (see ``Encoder``), by label.
     """
-    encoder = _codec.Encoder(sink)
+    encoder = _codec.Encoder(sink, measure)
     encoder.encode(body, "payload")
     data = encoder.written
     pickled = []
@@ -49,19 +51,8 @@ def write(body: dict[str, Any], sink: Callable[[Any], Any]) -> dict[str, Any]:
         blob = _serialization.dumps(value, what=f"{describe(where)}, which is not data (it is saved pickled)")
         sink(blob)
         kind = type(value)
-        import os as _os  # TEMP-DEBUG
-        if _os.environ.get("SNAPSHOT_DEBUG_PICKLED"):  # TEMP-DEBUG
-            with open(_os.environ["SNAPSHOT_DEBUG_PICKLED"], "a") as _f:  # TEMP-DEBUG
-                _f.write(f"{kind.__module__}.{kind.__qualname__}\t{where}\n")  # TEMP-DEBUG
         pickled.append({"at": where, "type": f"{kind.__module__}.{kind.__qualname__}", "size": len(blob)})
-    return {"encoding": "data", "data": data, "pickled": pickled}
-
-
-def size_of(value: Any) -> int:
-    """The size of ``value``'s data encoding (nothing is copied: the encoder only counts)."""
-    encoder = _codec.Encoder(lambda piece: None)
-    encoder.encode(value, "state")
-    return encoder.written
+    return {"encoding": "data", "data": data, "pickled": pickled}, encoder.sizes
 
 
 def describe(where: str) -> str:

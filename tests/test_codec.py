@@ -546,3 +546,47 @@ def test_a_long_str_repeated_is_written_once_and_read_back_equal() -> None:
     assert back == {"a": "P", where: where, "b": where}
     with pytest.raises(CorruptSnapshotError, match="reference to str number 0, of 0"):
         decode(b"r" + bytes([0]))
+
+
+def test_the_encoder_measures_marked_states_as_it_writes_them() -> None:
+    """``state_bytes`` of the manifest come from the one encoding: each marked dict's ``state`` is
+    measured in place, a shared long string counted where it is written first."""
+    path = "/data/shards/train-000017.tar"
+    first = {"yielded": 3, "state": [{"file": path, "member": i} for i in range(50)]}
+    second = {"yielded": 4, "state": {"file": path, "offset": 10}}
+    third = {"yielded": 5, "state": None}
+    pieces: list[Any] = []
+    encoder = Encoder(pieces.append, measure={id(first): "a", id(second): "b", id(third): "c"})
+    encoder.encode({"nodes": {"x": first, "y": second, "z": third}, "state": "not marked"})
+    alone_first, _ = encode(first["state"])
+    alone_second, _ = encode(second["state"])
+    assert encoder.sizes["a"] == len(alone_first)
+    assert 0 < encoder.sizes["b"] < len(alone_second)  # the path is a reference to the first one
+    assert encoder.sizes["c"] == len(encode(None)[0])
+    assert set(encoder.sizes) == {"a", "b", "c"}
+
+
+def test_a_save_encodes_the_state_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The manifest's per-node sizes are measured during the one encoding of the payload."""
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    import snapshot
+
+    calls: list[str] = []
+    real = Encoder.encode
+
+    def counted(self: Encoder, value: Any, where: str = "state") -> None:
+        calls.append(where)
+        real(self, value, where)
+
+    monkeypatch.setattr(Encoder, "encode", counted)
+    loader = snapshot.DataLoader2(IterableWrapper(range(100)).shuffle(buffer_size=20).map(str))
+    loader.seed(1)
+    it = iter(loader)
+    for _ in range(7):
+        next(it)
+    snap = loader.save_snapshot(tmp_path / "a.snap")
+    loader.shutdown()
+    assert calls == ["payload"]
+    nodes = snap.manifest["shards"][0]["nodes"]
+    assert any((node["state_bytes"] or 0) > 20 for node in nodes.values())

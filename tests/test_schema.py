@@ -225,7 +225,7 @@ def _with_state(place: list[Any], value: Any) -> bytes:
     body = _body()
     _edit_state(body["state"], place, value)
     out = io.BytesIO()
-    sections = _payload.write(body, out.write)
+    sections, _ = _payload.write(body, out.write)
     payload = out.getvalue()
     manifest = copy.deepcopy(MANIFEST)
     manifest["payload"] = {**fmt.payload_record(payload), "parts": manifest["payload"]["parts"], **sections}

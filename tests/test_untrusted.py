@@ -82,7 +82,7 @@ def _forge(snap: snapshot.Snapshot, change: Any, *, version: int = 2) -> tuple[d
         manifest["payload"] = {"size": len(payload), "sha256": format.payload_record(payload)["sha256"]}
         return manifest, payload
     out = io.BytesIO()
-    sections = _payload.write(body, out.write)
+    sections, _ = _payload.write(body, out.write)
     payload = out.getvalue()
     manifest["payload"] = {**format.payload_record(payload), **sections}
     return manifest, payload

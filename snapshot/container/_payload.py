@@ -26,7 +26,7 @@ from snapshot import schema
 from snapshot.container import _codec, _serialization
 from snapshot.errors import CorruptSnapshotError, ManifestError, UntrustedStateError
 
-__all__ = ["TRUST_HINT", "read", "size_of", "write"]
+__all__ = ["TRUST_HINT", "read", "write"]
 
 #: How to proceed when a payload needs trust (the end of every such error).
 TRUST_HINT = ("If you trust the file, pass allow_pickle=True to restore_snapshot() (which also takes a state dict) "
@@ -36,12 +36,14 @@ TRUST_HINT = ("If you trust the file, pass allow_pickle=True to restore_snapshot
 _NODE = re.compile(r"\.(shards|upstream)\[(\d+)\]\.nodes\[(?P<q>['\"])(?P<path>.+?)(?P=q)\](?P<rest>.*)")
 
 
-def write(body: dict[str, Any], sink: Callable[[Any], Any]) -> dict[str, Any]:
+def write(body: dict[str, Any], sink: Callable[[Any], Any],
+          measure: dict[int, Any] | None = None) -> tuple[dict[str, Any], dict[Any, int]]:
     """Encode ``body`` into ``sink``: the data section, then the pickled section.
 
-    Returns the manifest's record of the two sections (``encoding``, ``data``, ``pickled``).
+    Returns the manifest's record of the two sections (``encoding``, ``data``, ``pickled``), and
+    the encoded size of the ``state`` of each dict ``measure`` labels (see ``Encoder``), by label.
     """
-    encoder = _codec.Encoder(sink)
+    encoder = _codec.Encoder(sink, measure)
     encoder.encode(body, "payload")
     data = encoder.written
     pickled = []
@@ -50,14 +52,7 @@ def write(body: dict[str, Any], sink: Callable[[Any], Any]) -> dict[str, Any]:
         sink(blob)
         kind = type(value)
         pickled.append({"at": where, "type": f"{kind.__module__}.{kind.__qualname__}", "size": len(blob)})
-    return {"encoding": "data", "data": data, "pickled": pickled}
-
-
-def size_of(value: Any) -> int:
-    """The size of ``value``'s data encoding (nothing is copied: the encoder only counts)."""
-    encoder = _codec.Encoder(lambda piece: None)
-    encoder.encode(value, "state")
-    return encoder.written
+    return {"encoding": "data", "data": data, "pickled": pickled}, encoder.sizes
 
 
 def describe(where: str) -> str:

@@ -88,17 +88,37 @@ def _versions() -> dict[str, str]:
     return dict(_installed_versions())
 
 
-def _node_positions(records: Mapping[str, schema.NodeState], replayed: set[str]) -> dict[str, schema.NodePosition]:
+#: A node's place in a service checkpoint: ``("shards" or "upstream", index, path)``.
+NodePlace = tuple[str, int, str]
+
+
+def _node_records(service: Any) -> dict[int, NodePlace]:
+    """The dicts of a service checkpoint that hold a node's state, by ``id``, with their places:
+    the encoder measures each one's ``state`` as it writes it (the manifest's ``state_bytes``)."""
+    marks: dict[int, NodePlace] = {}
+    for part in ("shards", "upstream"):
+        holders = service.get(part) if isinstance(service, dict) else None
+        for index, holder in enumerate(holders if isinstance(holders, list) else []):
+            nodes = holder.get("nodes") if isinstance(holder, dict) else None
+            for path, record in (nodes.items() if isinstance(nodes, dict) else ()):
+                if isinstance(record, dict):
+                    marks[id(record)] = (part, index, path)
+    return marks
+
+
+def _node_positions(records: Mapping[str, schema.NodeState], replayed: set[str], sizes: dict[Any, int],
+                    part: str, index: int) -> dict[str, schema.NodePosition]:
     return {path: schema.NodePosition(
         yielded=record.yielded,
-        state_bytes=None if record.state is None else _payload.size_of(record.state),
+        state_bytes=None if record.state is None else sizes[part, index, path],
         buffered=record.buffered,
         restore="replay" if path in replayed else "state",
         buffer_state=record.buffer_state,
     ) for path, record in records.items()}
 
 
-def _shard_position(shard: schema.ShardState | None) -> schema.ShardPosition | None:
+def _shard_position(shard: schema.ShardState | None, sizes: dict[Any, int], index: int
+                    ) -> schema.ShardPosition | None:
     if shard is None:
         return None  # run elsewhere (another rank)
     plan = shard.plan or schema.PlanState()
@@ -112,16 +132,17 @@ def _shard_position(shard: schema.ShardState | None) -> schema.ShardPosition | N
                                 # how each buffering node saved its samples: "positions" or "values[: why]"
                                 {path: record.buffer_state for path, record in shard.nodes.items()
                                  if record.buffer_state is not None}),
-        nodes=_node_positions(shard.nodes, set(plan.replayed_nodes)),
+        nodes=_node_positions(shard.nodes, set(plan.replayed_nodes), sizes, "shards", index),
     )
 
 
-def _upstream_position(upstream: schema.UpstreamState) -> schema.UpstreamPosition:
+def _upstream_position(upstream: schema.UpstreamState, sizes: dict[Any, int], index: int
+                       ) -> schema.UpstreamPosition:
     return schema.UpstreamPosition(
         shards=tuple(upstream.shards),
         routers={path: schema.RouterPosition(r.position, r.ended, {str(s): len(q) for s, q in r.queues.items()})
                  for path, r in upstream.routers.items()},
-        nodes=_node_positions(upstream.nodes, set()),
+        nodes=_node_positions(upstream.nodes, set(), sizes, "upstream", index),
     )
 
 
@@ -136,8 +157,9 @@ def _node_seeds(seeds: schema.SeedsState | None) -> dict[str, str]:
     return node_seeds
 
 
-def _manifest(source: LoaderState, payload: dict[str, Any]) -> schema.Manifest:
-    """The manifest of ``source``, whose payload ``payload`` records (size, digest, sections)."""
+def _manifest(source: LoaderState, payload: dict[str, Any], sizes: dict[Any, int]) -> schema.Manifest:
+    """The manifest of ``source``, whose payload ``payload`` records (size, digest, sections); ``sizes``:
+    each node state's encoded size, by its place (see :func:`_node_records`)."""
     service = schema.ServiceState.from_dict(source.service or {})
     verify = source.verify
     return schema.Manifest(
@@ -153,8 +175,9 @@ def _manifest(source: LoaderState, payload: dict[str, Any]) -> schema.Manifest:
                                source.code_changes),
         service=schema.ServiceLayout.from_dict({"name": source.service_name,
                                                 **({} if service is None else service.layout)}),
-        shards=() if service is None else tuple(_shard_position(s) for s in service.shards),
-        upstream=() if service is None else tuple(_upstream_position(u) for u in service.upstream),
+        shards=() if service is None else tuple(_shard_position(s, sizes, i) for i, s in enumerate(service.shards)),
+        upstream=() if service is None else tuple(_upstream_position(u, sizes, i)
+                                                  for i, u in enumerate(service.upstream)),
         verify=None if verify is None else schema.VerifyRecord.from_dict(verify),
         payload=schema.PayloadRecord.from_dict(payload),
     )
@@ -360,10 +383,10 @@ def encode(source: LoaderState, writer: Any) -> schema.Manifest:
     adds little memory above the state itself (see :mod:`snapshot.container._payload`).
     """
     body = {"state": source.restore_state(), "graph": source.graph_bytes, "service": source.service_bytes}
-    sections = _payload.write(body, writer.write)
+    sections, sizes = _payload.write(body, writer.write, measure=_node_records(source.service))
     graph_size, service_size = len(source.graph_bytes or b""), len(source.service_bytes or b"")
     parts = {"graph": graph_size, "service": service_size, "state": writer.size - graph_size - service_size}
-    return _manifest(source, {**sections, "size": writer.size, "sha256": writer.sha256, "parts": parts})
+    return _manifest(source, {**sections, "size": writer.size, "sha256": writer.sha256, "parts": parts}, sizes)
 
 
 def snapshot_of(source: LoaderState) -> Snapshot:

@@ -164,3 +164,31 @@ def test_a_pipe_declared_itemwise_restarts_over_its_restored_inputs() -> None:
     graph, plan = plan_of(cubes())
     assert plan.replay == frozenset() and plan.drivers == ()
     assert_resumes_exactly(cubes, epochs=2, strategies=("state", "auto"))
+
+
+def test_the_manifest_and_inspect_say_what_a_restore_reads_again(tmp_path, capsys) -> None:
+    """The plan's re-reads (a reader behind ``decompress`` re-inflates its current file) are in the
+    manifest and in ``snapshot inspect``; a plain file's reader re-reads nothing and says nothing."""
+    pytest.importorskip("torchdata.datapipes.iter")
+    from snapshot.cli import main
+    from tests import file_corpus
+
+    root = str(tmp_path)
+    for factory, rereads in ((file_corpus.gzip_lines, True), (file_corpus.csv_rows, False)):
+        dl = snapshot.DataLoader2(factory(root))
+        dl.seed(3)
+        it = iter(dl)
+        for _ in range(7):
+            next(it)
+        path = str(tmp_path / f"{factory.__name__}.snap")
+        snap = dl.save_snapshot(path)
+        dl.shutdown()
+        recorded = snap.manifest["shards"][0]["plan"].get("rereads", {})
+        assert main(["inspect", path]) == 0
+        shown = capsys.readouterr().out
+        if rereads:
+            (reader,) = recorded
+            assert "re-inflates its current file" in recorded[reader]
+            assert f"{reader} is restored from its state, and re-inflates its current file" in shown
+        else:
+            assert recorded == {} and "re-inflates" not in shown

@@ -81,6 +81,10 @@ def _plan(view: View) -> list[str]:
     for shard in view.shards:
         reasons.update(shard.reasons)
     lines.extend(f"  {path}: {reason}" for path, reason in reasons.items())
+    rereads: dict[str, str] = {}
+    for shard in view.shards:
+        rereads.update(shard.rereads)
+    lines.extend(f"  {path} is restored from its state, and {what}" for path, what in rereads.items())
     recomputed = sum(t.replay for t in view.totals().values())
     if recomputed:
         lines.append(f"  about {count(recomputed)} samples are recomputed in all (column 'replay')")

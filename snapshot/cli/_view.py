@@ -38,6 +38,7 @@ class Shard:
     in_flight: int
     drivers: tuple[Driver, ...]
     reasons: dict[str, str]
+    rereads: dict[str, str]
     nodes: dict[str, Position]
     extra: dict[str, Any]
 
@@ -137,7 +138,7 @@ class View:
 
 def _shard(index: int, shard: schema.ShardPosition) -> Shard:
     return Shard(index=index, yielded=shard.yielded, exhausted=shard.exhausted, in_flight=shard.in_flight,
-                 drivers=shard.plan.drivers, reasons=shard.plan.reasons, nodes=shard.nodes,
+                 drivers=shard.plan.drivers, reasons=shard.plan.reasons, rereads=shard.plan.rereads, nodes=shard.nodes,
                  extra={**({"produced": shard.produced} if shard.produced is not None else {}), **shard.extra})
 
 

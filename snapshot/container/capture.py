@@ -131,7 +131,8 @@ def _shard_position(shard: schema.ShardState | None, sizes: dict[Any, int], inde
                                 dict(plan.reasons),
                                 # how each buffering node saved its samples: "positions" or "values[: why]"
                                 {path: record.buffer_state for path, record in shard.nodes.items()
-                                 if record.buffer_state is not None}),
+                                 if record.buffer_state is not None},
+                                {path: str(what) for path, what in plan.rereads.items()}),
         nodes=_node_positions(shard.nodes, set(plan.replayed_nodes), sizes, "shards", index),
     )
 

@@ -75,17 +75,23 @@ class PlanSummary:
     reasons: dict[str, str] = field(default_factory=dict)
     #: How each buffering node saved its samples (``buffer_state`` of its :class:`NodePosition`).
     buffers: dict[str, str] = field(default_factory=dict)
+    #: Nodes restored from their state whose restore reads something again, and what (a file
+    #: reader behind ``decompress`` re-inflates its current file up to the saved offset).
+    rereads: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "plan") -> PlanSummary:
         f = _Fields(value, where)
         return cls(drivers=f.get("drivers", lambda v, w: _records(v, w, Driver.from_dict), ()),
-                   reasons=f.get("reasons", _texts, {}), buffers=f.get("buffers", _texts, {}))
+                   reasons=f.get("reasons", _texts, {}), buffers=f.get("buffers", _texts, {}),
+                   rereads=f.get("rereads", _texts, {}))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"drivers": [d.to_dict() for d in self.drivers], "reasons": dict(self.reasons)}
         if self.buffers:
             out["buffers"] = dict(self.buffers)
+        if self.rereads:
+            out["rereads"] = dict(self.rereads)
         return out
 
 

@@ -20,7 +20,7 @@ import pytest
 import snapshot
 from snapshot import format as fmt
 from tests import graphs
-from tests.test_cli import run_cli_batch
+from tests.cli.test_cli import run_cli_batch
 
 KEY = "our-key"
 FLAGS_AT = len(fmt.MAGIC) + 2

@@ -13,7 +13,7 @@ import pytest
 
 from snapshot.storage import _sources
 from tests import graphs
-from tests.test_cli import rewrite, run_cli, run_cli_batch, save, three_shards
+from tests.cli.test_cli import rewrite, run_cli, run_cli_batch, save, three_shards
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed")
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests import graphs, helpers
-from tests.test_cli import long_chain, rewrite, run_cli, run_cli_batch, save, three_shards
+from tests.cli.test_cli import long_chain, rewrite, run_cli, run_cli_batch, save, three_shards
 
 Results = dict[str, subprocess.CompletedProcess[str]]
 

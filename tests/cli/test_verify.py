@@ -13,7 +13,7 @@ import pytest
 
 from snapshot import format as fmt
 from snapshot.storage import _sources
-from tests.test_cli import rewrite, run_cli, run_cli_batch, save
+from tests.cli.test_cli import rewrite, run_cli, run_cli_batch, save
 
 Results = dict[str, subprocess.CompletedProcess[str]]
 KEY = "team-secret"
@@ -202,7 +202,7 @@ not_a_pipe = 42
 def test_graph_built_in_code(files: dict[str, str], tmp_path) -> None:
     """--graph MODULE:FACTORY, the module found in the current directory like `python -m`."""
     (tmp_path / "user_graphs.py").write_text(textwrap.dedent(GRAPHS))
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])
     env = {"PYTHONPATH": root}
     calls = [["verify", files["plain"], "--graph", spec] for spec in (
         "user_graphs:same", "user_graphs:bigger_shuffle", "user_graphs:ready_made", "tests.graphs:linear",

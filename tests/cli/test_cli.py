@@ -1,7 +1,7 @@
 """The ``snapshot`` console script, run for real in a subprocess: ``inspect`` and what all commands share.
 
-The other commands have their own files (``test_cli_diff.py``, ``test_cli_verify.py``,
-``test_cli_graph.py``); they use the helpers defined here.
+The other commands have their own files (``test_diff.py``, ``test_verify.py``,
+``test_graph.py`` in this folder); they use the helpers defined here.
 """
 
 from __future__ import annotations

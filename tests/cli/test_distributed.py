@@ -16,8 +16,8 @@ import pytest
 import snapshot
 from snapshot import format as fmt
 from tests import graphs
+from tests.cli.test_cli import run_cli_batch
 from tests.dist import run_ranks
-from tests.test_cli import run_cli_batch
 
 KEY = "ranks-share-this"
 

@@ -145,7 +145,7 @@ def test_the_how_to_script_runs_under_torchrun(tmp_path) -> None:
     from tests.integration_jobs import ROOT, page_script, run_job
 
     script = tmp_path / "train.py"
-    script.write_text(page_script(ROOT / "docs/how-to/dcp.md", "tests/test_integrations_dcp.py"))
+    script.write_text(page_script(ROOT / "docs/how-to/dcp.md", "tests/integrations/test_dcp.py"))
     output = run_job(["-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
                       f"--master_port={free_port()}", str(script)], cwd=tmp_path, timeout=180)
     for rank in range(2):  # the script asserts its claims on each rank

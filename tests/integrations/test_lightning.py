@@ -6,7 +6,7 @@ checkpoints with ``ModelCheckpoint`` (mid-epoch, and at the end of an epoch); ne
 resume from each checkpoint, and the batches their training steps see must be exactly the
 uninterrupted run's from that step on, across epoch boundaries.
 
-Run as a script, this file is the job: ``python tests/test_integrations_lightning.py SPEC``.
+Run as a script, this file is the job: ``python tests/integrations/test_lightning.py SPEC``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
 
@@ -364,7 +364,7 @@ def test_reading_service_follows_the_strategy_and_refusals_are_clear(tmp_path: P
 
 def test_the_how_to_page_runs(tmp_path: Path) -> None:
     script = tmp_path / "how_to_lightning.py"
-    script.write_text(page_script(ROOT / "docs/how-to/lightning.md", "tests/test_integrations_lightning.py"))
+    script.write_text(page_script(ROOT / "docs/how-to/lightning.md", "tests/integrations/test_lightning.py"))
     run_job([str(script)], cwd=tmp_path)  # the page's asserts are its claims
 
 

@@ -7,7 +7,7 @@ run saw from that step on (across the epoch boundary) and end with the same weig
 same on two ranks launched by torchrun (the loader's state dict is a collective there), and
 from two ranks onto one process, where every sample of the interrupted epoch is read once.
 
-Run as a script, this file is the job: ``python tests/test_integrations_accelerate.py SPEC``.
+Run as a script, this file is the job: ``python tests/integrations/test_accelerate.py SPEC``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
 
@@ -157,7 +157,7 @@ def test_two_ranks_save_on_every_rank_and_resume_on_two_or_one(tmp_path: Path) -
 
 def test_the_how_to_page_runs(tmp_path: Path) -> None:
     script = tmp_path / "how_to_accelerate.py"
-    script.write_text(page_script(ROOT / "docs/how-to/accelerate.md", "tests/test_integrations_accelerate.py"))
+    script.write_text(page_script(ROOT / "docs/how-to/accelerate.md", "tests/integrations/test_accelerate.py"))
     run_job([str(script)], cwd=tmp_path)  # the page's asserts are its claims
 
 

@@ -28,7 +28,7 @@ import pytest
 import snapshot
 from tests.dist import RankFailure, free_port, run_ranks
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SAMPLES = 41
 DEFAULT = "default"  # build DistributedReadingService without even_batches
 
@@ -256,7 +256,7 @@ def test_under_torchrun_a_collective_after_the_loop_returns(tmp_path, ranks: int
         sys.path.insert(0, {ROOT!r})
         import torch.distributed as dist
         import snapshot
-        from tests.test_distributed_even import SAMPLES, graph, train_epoch
+        from tests.reading_service.test_distributed_even import SAMPLES, graph, train_epoch
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
         rank, world = dist.get_rank(), dist.get_world_size()
         with snapshot.DataLoader2(graph(), reading_service=snapshot.DistributedReadingService(timeout=30)) as loader:

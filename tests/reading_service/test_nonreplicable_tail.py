@@ -21,7 +21,7 @@ from snapshot.graph import Graph
 from snapshot.reading_service import MultiProcessingReadingService as Workers
 from snapshot.sharding import analyze
 from snapshot.testing import Cut, assert_resumes_exactly, first_difference
-from tests.test_dispatch import NonReplicable
+from tests.reading_service.test_dispatch import NonReplicable
 
 L = 2
 MP = SHARDING_PRIORITIES.MULTIPROCESSING

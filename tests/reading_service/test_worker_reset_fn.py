@@ -116,7 +116,7 @@ def _saved_with(service: Any, steps: int = 5) -> Any:
 
 @pytest.mark.parametrize("restore, words", [
     (workers(1, logical_shards=2), "this service has num_workers=1"),
-    (workers(2, replaces), "this service calls worker_reset_fn=tests.test_worker_reset_fn.replaces"),
+    (workers(2, replaces), "this service calls worker_reset_fn=tests.reading_service.test_worker_reset_fn.replaces"),
     (functools.partial(Workers, 2, timeout=60), "this service calls no worker_reset_fn"),
     (functools.partial(InProcessReadingService, logical_shards=2), "this service calls no worker_reset_fn"),
 ])
@@ -126,9 +126,10 @@ def test_another_layout_is_refused_saying_why(restore: Any, words: str) -> None:
     with loader, pytest.raises(LayoutError) as info:
         loader.restore_snapshot(snap)
     text = str(info.value)
-    assert "worker_reset_fn=tests.test_worker_reset_fn.reseed in 2 worker(s)" in text
+    assert "worker_reset_fn=tests.reading_service.test_worker_reset_fn.reseed in 2 worker(s)" in text
     assert "restores only onto the same one" in text and words in text
-    assert "MultiProcessingReadingService(num_workers=2, worker_reset_fn=tests.test_worker_reset_fn.reseed)" in text
+    assert ("MultiProcessingReadingService(num_workers=2, "
+            "worker_reset_fn=tests.reading_service.test_worker_reset_fn.reseed)") in text
 
 
 def test_a_snapshot_without_it_is_refused_by_a_service_that_calls_it() -> None:
@@ -141,7 +142,8 @@ def test_a_snapshot_without_it_is_refused_by_a_service_that_calls_it() -> None:
 def test_the_layout_is_in_the_manifest() -> None:
     snap = _saved_with(workers(2))
     layout = snap.state["service"]["layout"]
-    assert layout["worker_reset_fn"] == {"function": "tests.test_worker_reset_fn.reseed", "num_workers": 2}
+    assert layout["worker_reset_fn"] == {"function": "tests.reading_service.test_worker_reset_fn.reseed",
+                                         "num_workers": 2}
 
 
 def test_a_function_that_returns_another_pipe_is_refused() -> None:

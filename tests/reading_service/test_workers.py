@@ -240,7 +240,7 @@ def test_interpreter_exit_leaves_no_worker_behind() -> None:
         next(iter(loader))
         print(" ".join(str(w.process.pid) for w in loader.reading_service._executor.workers), flush=True)
     """)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=root)
     assert proc.returncode == 0, proc.stderr
     pids = [int(p) for p in proc.stdout.split()]
@@ -261,7 +261,7 @@ def test_workers_exit_when_the_main_process_is_killed() -> None:
         print(" ".join(str(w.process.pid) for w in loader.reading_service._executor.workers), flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=root)
     assert proc.returncode == -signal.SIGKILL
     pids = [int(p) for p in proc.stdout.split()]

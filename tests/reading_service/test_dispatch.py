@@ -114,7 +114,7 @@ def test_zipped_branches_stay_aligned(n: int, m: int | None) -> None:
 _TORCHDATA_RUN = """
 import json, sys
 from torchdata.dataloader2 import DataLoader2, MultiProcessingReadingService
-from tests.test_dispatch import zipped
+from tests.reading_service.test_dispatch import zipped
 loader = DataLoader2(zipped(*json.loads(sys.argv[1])), reading_service=MultiProcessingReadingService(2))
 print(json.dumps(list(loader)))
 loader.shutdown()
@@ -123,7 +123,7 @@ loader.shutdown()
 
 def test_zipped_branches_match_torchdata_0_9() -> None:
     pytest.importorskip("torchdata.dataloader2")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     for n, m in [(20, None), (7, 20)]:
         # in a process of its own: torchdata's dispatching process outlives its loader's shutdown
         done = subprocess.run([sys.executable, "-c", _TORCHDATA_RUN, json.dumps([n, m])], capture_output=True,

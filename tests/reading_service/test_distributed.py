@@ -18,7 +18,7 @@ from snapshot.reading_service import MultiProcessingReadingService as Workers
 from tests import graphs
 from tests.dist import RankFailure, run_ranks
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def unique_graph(n: int = 96):
@@ -291,7 +291,7 @@ def test_torchrun_smoke(tmp_path) -> None:
         sys.path.insert(0, {ROOT!r})
         import torch.distributed as dist
         import snapshot
-        from tests.test_distributed import unique_graph
+        from tests.reading_service.test_distributed import unique_graph
         dist.init_process_group("gloo")
         rank = dist.get_rank()
         loader = snapshot.DataLoader2(unique_graph(),

@@ -17,7 +17,7 @@ import pytest
 
 import snapshot
 from tests.dist import run_ranks
-from tests.test_distributed_even import train_epoch
+from tests.reading_service.test_distributed_even import train_epoch
 
 SAMPLES = 240
 

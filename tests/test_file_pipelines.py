@@ -277,7 +277,7 @@ def test_a_reader_state_of_the_old_layout_is_refused_not_misread(root: str) -> N
 # -- an object store through open_files_by_fsspec (moto's S3 server on 127.0.0.1) ---------------
 
 try:
-    from tests.test_storage_s3 import s3
+    from tests.storage.test_s3 import s3
 except pytest.skip.Exception:  # s3fs or moto not installed
     s3 = None
 

@@ -19,7 +19,7 @@ from tests.helpers import kill_once_started, start_slow_save
 pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")

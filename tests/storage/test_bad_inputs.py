@@ -240,7 +240,7 @@ def test_saves_killed_at_random_points_leave_the_previous_snapshot_and_no_tempor
     snapshot.save(snap, str(target))
     foreign = target.parent / ".data.snap.snapshot-tmp.notapid.x"  # not ours by name: never touched
     foreign.write_bytes(b"someone else's")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), *sys.path])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), *sys.path])}
     left = 0
     for _ in range(12):
         proc = subprocess.Popen([sys.executable, "-c", SAVER, str(blob), str(target)], stdout=subprocess.PIPE,

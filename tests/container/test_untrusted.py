@@ -321,6 +321,6 @@ def test_inspect_shows_which_sections_are_data_and_which_need_trust(tmp_path: An
 
     out = inspect(points)
     assert f"Trust: {len(snap.info.payload.pickled)} value(s) of the state are not data" in out  # type: ignore[union-attr]
-    assert "tests.test_untrusted.Point" in out and "buffer" in out
+    assert "tests.container.test_untrusted.Point" in out and "buffer" in out
     assert "Trust: the state is data; restoring onto a graph built in code runs nothing" in inspect(plain)
     assert "Trust: format 1" in inspect(_fixture("workers0.snap"))

@@ -29,7 +29,7 @@ from hypothesis.extra import numpy as hnp
 from snapshot.container._codec import MAX_DEPTH, Decoder, Encoder, Pickled, decode, encode
 from snapshot.errors import CorruptSnapshotError, UntrustedStateError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def same(a: Any, b: Any) -> bool:
@@ -495,7 +495,7 @@ def test_big_payloads_reach_write_from_their_own_memory_and_small_values_in_buff
 
 def benchmark(total_mib: int = 100) -> None:
     """Encode and decode throughput of a list of 1 MiB numpy arrays, against pickle (not a test:
-    ``PYTHONPATH=. python -c "from tests.test_codec import benchmark; benchmark()"``)."""
+    ``PYTHONPATH=. python -c "from tests.container.test_codec import benchmark; benchmark()"``)."""
     import time
 
     arrays = [np.random.default_rng(index).random(1 << 17) for index in range(total_mib)]

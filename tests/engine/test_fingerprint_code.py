@@ -23,7 +23,7 @@ import snapshot
 from snapshot import format as fmt
 from snapshot.engine._code import code_fingerprint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # -- the fingerprint itself -------------------------------------------------------------------
 

@@ -241,7 +241,7 @@ def test_from_snapshot_in_a_fresh_subprocess(tmp_path: Any) -> None:
             with snapshot.DataLoader2.from_snapshot({str(path)!r}) as loader:
                 print(json.dumps(list(loader)))
         """)
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                               cwd=root, env={**os.environ, "PYTHONPATH": root})
         assert proc.returncode == 0, proc.stderr

@@ -76,7 +76,7 @@ def test_the_records_read_what_a_loader_writes_and_write_it_back(factory: Any, s
         assert snap.saved.service is not None and any(s is not None and s.nodes for s in snap.saved.service.shards)
 
 
-FORMAT1 = Path(__file__).resolve().parent / "fixtures" / "format1"
+FORMAT1 = Path(__file__).resolve().parents[1] / "fixtures" / "format1"
 
 
 @pytest.mark.parametrize("name", ["workers0.snap", "workers2.snap"])

@@ -1,4 +1,4 @@
-"""torchdata 0.9's pipes beyond the hook cases (tests/hook_cases.py, run by tests/test_hooks.py)."""
+"""torchdata 0.9's pipes beyond the hook cases (tests/hook_cases.py, run by tests/hooks/test_builtin.py)."""
 
 from __future__ import annotations
 

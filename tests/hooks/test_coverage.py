@@ -18,10 +18,11 @@ import snapshot
 from snapshot.graph import Graph
 from snapshot.hooks._coverage import BUILDS, STATE_HOOK, Row, _load, coverage, render
 from snapshot.testing import Cut, assert_resumes_exactly
-from tests import graphs, test_private_rng
+from tests import graphs
 from tests.hook_cases import CASES, bind
+from tests.hooks import test_private_rng
 
-PAGE = Path(__file__).resolve().parent.parent / "docs" / "coverage.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "coverage.md"
 
 
 def test_the_page_is_what_the_registry_says() -> None:

@@ -26,7 +26,7 @@ from torch.utils.data.datapipes.iter import IterableWrapper
 import snapshot
 from snapshot import InProcessReadingService, MultiProcessingReadingService
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SEED = 3
 CUT = 10
 

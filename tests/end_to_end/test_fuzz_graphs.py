@@ -6,7 +6,7 @@ equal one that never saves, and each restore must continue the saved run exactly
 case is one test, so a failure names its case and prints a one-line reproducer.
 
 The draw is derandomized (hypothesis, fixed seed): the same cases every run. Run more with
-``SNAPSHOT_FUZZ_EXAMPLES=500 pytest tests/test_fuzz_graphs.py`` or, printing the counts table,
+``SNAPSHOT_FUZZ_EXAMPLES=500 pytest tests/end_to_end/test_fuzz_graphs.py`` or, printing the counts table,
 ``python -m tests.fuzz_grammar --examples 500``.
 """
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from snapshot._version import DISTRIBUTION
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_distribution_name_is_not_the_taken_one_and_docs_install_it() -> None:

@@ -3,7 +3,7 @@
 
 The scan is textual: a subscript (``record["nodes"]``), a ``.get("nodes"``, ``.pop("nodes"``,
 ``.setdefault("nodes"`` or a membership test (``"nodes" in record``) with one of the records'
-keys, in any module of ``snapshot/`` but the records' owners. ``python tests/test_state_keys.py
+keys, in any module of ``snapshot/`` but the records' owners. ``python tests/package/test_state_keys.py
 DIR`` lists what it finds under another tree (``/work/main/snapshot``, say).
 """
 
@@ -18,7 +18,7 @@ import pytest
 
 from snapshot import schema
 
-PACKAGE = Path(__file__).resolve().parent.parent / "snapshot"
+PACKAGE = Path(__file__).resolve().parents[2] / "snapshot"
 
 #: The records of the payload's state, whose keys only their owners read.
 RECORDS = (schema.SavedState, schema.RankState, schema.ServiceState, schema.RankServiceState, schema.SeedsState,

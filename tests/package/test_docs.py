@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[\w-]*)[^\n]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$",
@@ -49,7 +49,7 @@ PAGES = sorted(p for p in DOCS.rglob("*.md") if python_blocks(p.read_text()))
 
 def test_site_builds_with_warnings_as_errors(tmp_path: Path) -> None:
     # a banner from mkdocs-material, not a warning; the tutorials are rendered without running
-    # them again (tests/test_tutorials.py runs them, and checks what they render)
+    # them again (tests/package/test_tutorials.py runs them, and checks what they render)
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1", SNAPSHOT_DOCS_EXECUTE="false")
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),

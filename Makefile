@@ -67,7 +67,7 @@ unit: $(STAMP)
 
 # torchdata >= 0.10: StatefulDataLoader and torchdata.nodes (tests/torchdata_new is skipped in .venv)
 unit-torchdata: $(TD_STAMP)
-	$(TD_VENV)/bin/python -m pytest -p no:cacheprovider tests/torchdata_new tests/test_integrations_torchdata.py
+	$(TD_VENV)/bin/python -m pytest -p no:cacheprovider tests/torchdata_new tests/integrations/test_torchdata.py
 
 test: lint typecheck unit unit-torchdata
 

@@ -56,7 +56,7 @@ TESTING = [
 ]
 EXTRAS["dev"] = EXTRAS["demo"] + EXTRAS["docs"] + EXTRAS["cli"] + EXTRAS["accelerate"] + EXTRAS["lightning"] + TESTING + [
     *EXTRAS["storage"],
-    "moto[server]>=5.0,<6",  # the S3-compatible server tests/test_storage_s3.py starts
+    "moto[server]>=5.0,<6",  # the S3-compatible server tests/storage/test_s3.py starts
     "torchdata==0.9.0",
     "protobuf>=3.20,<3.21",  # torchdata 0.9's load_from_tfrecord: its generated code needs protobuf 3.20
     "ruff==0.17.6",

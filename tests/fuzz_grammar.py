@@ -9,7 +9,7 @@ branches are recombined by ``zip``, ``mux``, ``concat``, ``mux_longest`` or ``zi
 and is rebuilt, in any process, from that line.
 
 Every pipe of ``snapshot.hooks._coverage`` (torch's and torchdata 0.9's) is drawable, except
-those in :data:`EXCLUDED`, each with its reason; ``tests/test_fuzz_graphs.py`` checks that.
+those in :data:`EXCLUDED`, each with its reason; ``tests/end_to_end/test_fuzz_graphs.py`` checks that.
 Every function a graph calls is module-level (it pickles by reference) and looks at samples
 only through :func:`key` (a digest of ``repr``), so any sample type flows anywhere.
 

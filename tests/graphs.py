@@ -155,7 +155,7 @@ def with_generator_pipe(n: int = 40) -> Any:
 # -- random graphs (hypothesis) ----------------------------------------------------------
 
 def build(spec: Sequence[tuple[Any, ...]], n: int = 30) -> Any:
-    """A graph from a list of operations (see tests/test_resume_random.py)."""
+    """A graph from a list of operations (see tests/end_to_end/test_resume_random.py)."""
     dp: Any = IterableWrapper(range(n))
     sharded = False
     for op in spec:

@@ -6,8 +6,8 @@ Each case is a factory with non-default arguments (module-level functions or
 ``data_dir`` fixture's, see ``graphs.write_files``). torchdata 0.9's cases are listed only
 where ``torchdata.datapipes`` imports (torchdata>=0.10 has no DataPipes).
 
-``tests/test_hooks.py`` runs every case through the hook harnesses and fails when a
-registered hook has no case here; ``tests/test_coverage.py`` picks its graphs from here.
+``tests/hooks/test_builtin.py`` runs every case through the hook harnesses and fails when a
+registered hook has no case here; ``tests/hooks/test_coverage.py`` picks its graphs from here.
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ def on_files(files: Files, config: Any) -> Files:
 # ``:role:`name```, ``:role:`~pkg.name``` and ``:role:`title <target>``` (which may span lines)
 _ROLE = re.compile(r":(?:py:)?(?:func|class|meth|mod|attr|exc|data|obj|const):<code>(~?)([^<]*?)"
                    r"(?:\s*&lt;[^<]*?&gt;)?</code>")
-#: What a role left in a rendered page looks like (tests/test_docs.py looks for it).
+#: What a role left in a rendered page looks like (tests/package/test_docs.py looks for it).
 RAW_ROLE = re.compile(r":(?:py:)?(?:func|class|meth|mod|attr|exc|data|obj|const):(?:<code>|`)")
 _LITERAL = re.compile(r"::</p>")
 

@@ -71,15 +71,16 @@ class Encoder:
     ``pickled`` gathers ``(where, value)`` for each value that is not data, in order;
     ``written`` counts the bytes handed to ``write`` (each :meth:`encode` call hands over all
     it encoded before it returns, so the difference around a call is the size of its value).
-    ``measure`` maps ``id(d)`` of dicts to labels: the encoded size of each such dict's
-    ``"state"`` entry is put in ``sizes`` under its label, as it is written (no second pass).
+    ``measure`` maps the ``id`` of values held in dicts to labels: the encoded size of each such
+    value is put in ``sizes`` under each of its labels, as it is written (no second pass).
 
     A big payload reaches ``write`` as a view of the value's own memory: a ``write`` that keeps
     what it is given (a queue, a list) must be done with it before the value changes. After an
     exception (from ``write``, say) the stream is incomplete and the encoder is not to be reused.
     """
 
-    def __init__(self, write: Callable[[bytes | memoryview], Any], measure: dict[int, Any] | None = None) -> None:
+    def __init__(self, write: Callable[[bytes | memoryview], Any],
+                 measure: dict[int, tuple[Any, ...]] | None = None) -> None:
         self.pickled: list[tuple[str, Any]] = []
         self.written = 0
         self.sizes: dict[Any, int] = {}
@@ -252,7 +253,7 @@ class Encoder:
             self._pickle(value)
             return
         self._small(DICT + length(len(value)))
-        label = self._measure.get(id(value)) if self._measure else None
+        measure = self._measure
         step: list[Any] = ["key", 0]
         self._path.append(step)
         handlers = self._handlers
@@ -260,9 +261,10 @@ class Encoder:
             step[0], step[1] = "key", index
             (handlers.get(type(key)) or self._handler(key))(key, depth + 1)
             step[0], step[1] = "value", key
-            start = self.written + len(self._buffer) if label is not None else 0
+            labels = measure.get(id(item)) if measure else None
+            start = self.written + len(self._buffer) if labels else 0
             (handlers.get(type(item)) or self._handler(item))(item, depth + 1)
-            if label is not None and key == "state":
+            for label in labels or ():
                 self.sizes[label] = self.written + len(self._buffer) - start
             if len(self._buffer) >= _FLUSH_AT:
                 self._flush()

@@ -37,11 +37,11 @@ _NODE = re.compile(r"\.(shards|upstream)\[(\d+)\]\.nodes\[(?P<q>['\"])(?P<path>.
 
 
 def write(body: dict[str, Any], sink: Callable[[Any], Any],
-          measure: dict[int, Any] | None = None) -> tuple[dict[str, Any], dict[Any, int]]:
+          measure: dict[int, tuple[Any, ...]] | None = None) -> tuple[dict[str, Any], dict[Any, int]]:
     """Encode ``body`` into ``sink``: the data section, then the pickled section.
 
     Returns the manifest's record of the two sections (``encoding``, ``data``, ``pickled``), and
-    the encoded size of the ``state`` of each dict ``measure`` labels (see ``Encoder``), by label.
+    the encoded size of each value ``measure`` labels (see ``Encoder``), by label.
     """
     encoder = _codec.Encoder(sink, measure)
     encoder.encode(body, "payload")

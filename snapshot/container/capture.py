@@ -88,21 +88,21 @@ def _versions() -> dict[str, str]:
     return dict(_installed_versions())
 
 
-#: A node's place in a service checkpoint: ``("shards" or "upstream", index, path)``.
+#: A node's place in a service's record: ``("shards" or "upstream", index, path)``.
 NodePlace = tuple[str, int, str]
 
 
-def _node_records(service: Any) -> dict[int, NodePlace]:
-    """The dicts of a service checkpoint that hold a node's state, by ``id``, with their places:
-    the encoder measures each one's ``state`` as it writes it (the manifest's ``state_bytes``)."""
-    marks: dict[int, NodePlace] = {}
-    for part in ("shards", "upstream"):
-        holders = service.get(part) if isinstance(service, dict) else None
-        for index, holder in enumerate(holders if isinstance(holders, list) else []):
-            nodes = holder.get("nodes") if isinstance(holder, dict) else None
-            for path, record in (nodes.items() if isinstance(nodes, dict) else ()):
-                if isinstance(record, dict):
-                    marks[id(record)] = (part, index, path)
+def _node_states(service: schema.ServiceState | None) -> dict[int, tuple[NodePlace, ...]]:
+    """The node states of ``service``, by ``id``, with their places: the encoder measures each one as it
+    writes it (the manifest's ``state_bytes``). The same object at two places (a small int) has both."""
+    marks: dict[int, tuple[NodePlace, ...]] = {}
+    holders: list[tuple[str, int, dict[str, schema.NodeState]]] = [] if service is None else [
+        *(("shards", i, s.nodes) for i, s in enumerate(service.shards) if s is not None),
+        *(("upstream", i, u.nodes) for i, u in enumerate(service.upstream))]
+    for part, index, nodes in holders:
+        for path, record in nodes.items():
+            if record.state is not None:
+                marks[id(record.state)] = (*marks.get(id(record.state), ()), (part, index, path))
     return marks
 
 
@@ -158,10 +158,11 @@ def _node_seeds(seeds: schema.SeedsState | None) -> dict[str, str]:
     return node_seeds
 
 
-def _manifest(source: LoaderState, payload: dict[str, Any], sizes: dict[Any, int]) -> schema.Manifest:
-    """The manifest of ``source``, whose payload ``payload`` records (size, digest, sections); ``sizes``:
-    each node state's encoded size, by its place (see :func:`_node_records`)."""
-    service = schema.ServiceState.from_dict(source.service or {})
+def _manifest(source: LoaderState, service: schema.ServiceState | None, payload: dict[str, Any],
+              sizes: dict[Any, int]) -> schema.Manifest:
+    """The manifest of ``source`` (its service's state read into ``service``), whose payload ``payload``
+    records (size, digest, sections); ``sizes``: each node state's encoded size, by its place (see
+    :func:`_node_states`)."""
     verify = source.verify
     return schema.Manifest(
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds"),
@@ -384,10 +385,12 @@ def encode(source: LoaderState, writer: Any) -> schema.Manifest:
     adds little memory above the state itself (see :mod:`snapshot.container._payload`).
     """
     body = {"state": source.restore_state(), "graph": source.graph_bytes, "service": source.service_bytes}
-    sections, sizes = _payload.write(body, writer.write, measure=_node_records(source.service))
+    service = schema.ServiceState.from_dict(source.service or {})
+    sections, sizes = _payload.write(body, writer.write, measure=_node_states(service))
     graph_size, service_size = len(source.graph_bytes or b""), len(source.service_bytes or b"")
     parts = {"graph": graph_size, "service": service_size, "state": writer.size - graph_size - service_size}
-    return _manifest(source, {**sections, "size": writer.size, "sha256": writer.sha256, "parts": parts}, sizes)
+    return _manifest(source, service, {**sections, "size": writer.size, "sha256": writer.sha256, "parts": parts},
+                     sizes)
 
 
 def snapshot_of(source: LoaderState) -> Snapshot:

@@ -548,22 +548,22 @@ def test_a_long_str_repeated_is_written_once_and_read_back_equal() -> None:
         decode(b"r" + bytes([0]))
 
 
-def test_the_encoder_measures_marked_states_as_it_writes_them() -> None:
-    """``state_bytes`` of the manifest come from the one encoding: each marked dict's ``state`` is
-    measured in place, a shared long string counted where it is written first."""
+def test_the_encoder_measures_marked_values_as_it_writes_them() -> None:
+    """``state_bytes`` of the manifest come from the one encoding: each marked value is measured
+    where it is written, a shared long string counted where it is written first, and one object at
+    two places (a small int) gets both labels."""
     path = "/data/shards/train-000017.tar"
-    first = {"yielded": 3, "state": [{"file": path, "member": i} for i in range(50)]}
-    second = {"yielded": 4, "state": {"file": path, "offset": 10}}
-    third = {"yielded": 5, "state": None}
+    first = [{"file": path, "member": i} for i in range(50)]
+    second = {"file": path, "offset": 10}
+    third = 7
     pieces: list[Any] = []
-    encoder = Encoder(pieces.append, measure={id(first): "a", id(second): "b", id(third): "c"})
-    encoder.encode({"nodes": {"x": first, "y": second, "z": third}, "state": "not marked"})
-    alone_first, _ = encode(first["state"])
-    alone_second, _ = encode(second["state"])
-    assert encoder.sizes["a"] == len(alone_first)
-    assert 0 < encoder.sizes["b"] < len(alone_second)  # the path is a reference to the first one
-    assert encoder.sizes["c"] == len(encode(None)[0])
-    assert set(encoder.sizes) == {"a", "b", "c"}
+    encoder = Encoder(pieces.append, measure={id(first): ("a",), id(second): ("b",), id(third): ("c", "d")})
+    encoder.encode({"nodes": {"x": {"state": first}, "y": {"state": second}, "z": {"state": third, "n": 7}},
+                    "state": "not marked"})
+    assert encoder.sizes["a"] == len(encode(first)[0])
+    assert 0 < encoder.sizes["b"] < len(encode(second)[0])  # the path is a reference to the first one
+    assert encoder.sizes["c"] == encoder.sizes["d"] == len(encode(third)[0])
+    assert set(encoder.sizes) == {"a", "b", "c", "d"}
 
 
 def test_a_save_encodes_the_state_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,7 +16,7 @@ re-produce samples, the buffer is saved by value and the snapshot's manifest say
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from snapshot._choice import Choice
@@ -44,11 +44,13 @@ class Reproducer:
     """
 
     def __init__(self, lookup: Callable[[Any], Any], steps: list[tuple[type, Any]],
-                 key: Callable[[], Any] | None = None, cell: Any = None):
+                 key: Callable[[], Any] | None = None, cell: Any = None,
+                 many: Callable[[Sequence[Any]], Iterable[tuple[int, Any]]] | None = None):
         self._lookup = lookup
         self._steps = steps
         self._key = key
         self._cell = cell
+        self._many = many
 
     def key(self) -> Any:
         """The key of the sample the input just yielded."""
@@ -57,10 +59,24 @@ class Reproducer:
         return self._cell.yielded - 1
 
     def __call__(self, key: Any) -> Any:
-        item = self._lookup(key)
+        return self._apply(self._lookup(key))
+
+    def _apply(self, item: Any) -> Any:
         for kind, datapipe in self._steps:
             item = next(kind(datapipe, [iter((item,))]))
         return item
+
+    def many(self, keys: Sequence[Any]) -> list[Any]:
+        """The samples at ``keys``, in the order of ``keys``: equal to ``[self(k) for k in keys]``, but
+        a file reader reads each file once, in offset order (``fetch_many``); each sample goes through
+        the steps as soon as it is read, before the next is read."""
+        made: dict[int, Any] = {}
+        pairs = self._many(keys) if self._many is not None else enumerate(map(self._lookup, keys))
+        for index, item in pairs:
+            made[index] = self._apply(item)
+        if sorted(made) != list(range(len(keys))):  # a reader's fetch_many broke its contract
+            raise RuntimeError(f"{self._many!r} gave the samples {sorted(made)} for {len(keys)} keys")
+        return [made[i] for i in range(len(keys))]
 
 
 def reproducer_for(cell: Any) -> Reproducer | str:
@@ -79,7 +95,7 @@ def reproducer_for(cell: Any) -> Reproducer | str:
     addressing = getattr(cell, "addressing", None)
     fetch = addressing() if addressing is not None else None
     if fetch is not None:
-        return Reproducer(fetch, steps, key=cell.last_address)
+        return Reproducer(fetch, steps, key=cell.last_address, many=getattr(cell, "fetch_many", None))
     name = type(getattr(cell, "datapipe", cell)).__name__
     return (f"its input cannot re-produce a sample from its position: {name} is neither an indexable "
             "source (IterableWrapper over a list, range or Sequence; to_iter_datapipe), nor a file reader "

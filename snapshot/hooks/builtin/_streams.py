@@ -136,11 +136,11 @@ def tar_after(stream: Any, mode: str, offset: int | None) -> tarfile.TarFile:
 def _tar_member(tar: tarfile.TarFile, archive: Any, address: dict[str, Any]) -> Any:
     """The member of ``tar`` (read from ``archive``) whose header starts at ``address["offset"]``."""
     offset = address["offset"]
-    if offset == 0 and getattr(tar, "firstmember", None) is None:  # (TarFile.next() reads nothing back at 0)
-        tar.fileobj.seek(0)
-    if offset:
+    if offset or getattr(tar, "firstmember", None) is None:  # (else: a fresh TarFile, at its first member)
         tar.offset = offset
         tar.firstmember = None  # type: ignore[attr-defined]
+        if offset == 0:  # TarFile.next() reads nothing back at 0: stand there
+            tar.fileobj.seek(0)
     info = tar.next()
     extracted = tar.extractfile(info) if info is not None else None
     if extracted is None:

@@ -102,7 +102,7 @@ class StreamReading(KeepsAddresses, ResumableIterator):
     def fetch(self, address: Any) -> Any:
         stream = reopen(address[ADDRESS], address[AT])
         try:
-            return next(self.parse(address[PATH], stream, address))
+            return self._sample_at(stream, address)
         finally:
             stream.close()
 
@@ -121,9 +121,17 @@ class StreamReading(KeepsAddresses, ResumableIterator):
                     address = addresses[index]
                     if stream.tell() != address[AT]:
                         stream.seek(address[AT])
-                    yield index, next(self.parse(address[PATH], stream, address))
+                    yield index, self._sample_at(stream, address)
             finally:
                 stream.close()
+
+    def _sample_at(self, stream: Any, address: dict[str, Any]) -> Any:
+        for sample in self.parse(address[PATH], stream, address):
+            return sample
+        raise RestoreError(
+            f"the DataPipe at {self.path} ({type(self.datapipe).__name__}) finds no sample at offset "
+            f"{address[AT]} of {address[PATH]}, where the snapshot saw one; restore with the data the "
+            "snapshot was taken on.")
 
     def parse(self, path: str, stream: Any, address: dict[str, Any]) -> Iterator[Any]:
         """The samples of ``stream`` from where it stands, for :meth:`fetch` (no effect on this

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import collections
 import functools
+import io
 import os
 import re
+import tarfile
 from typing import Any
 
 import pytest
@@ -206,3 +208,90 @@ def test_a_buffered_file_that_changed_is_refused(name: str, root: str) -> None:
             snapshot.DataLoader2(factory(), buffer_state="positions") as loader:
         loader.restore_snapshot(snap)
         next(iter(loader))
+
+
+class _CountingFile(io.FileIO):
+    """A real local file that counts the bytes read from it, by file name."""
+
+    def __init__(self, path: str, counts: collections.Counter[str]) -> None:
+        super().__init__(path)
+        self._name, self._counts = os.path.basename(path), counts
+
+    def read(self, size: int = -1) -> bytes:
+        data = super().read(size)
+        self._counts[self._name] += len(data or b"")
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        n = super().readinto(buffer) or 0
+        self._counts[self._name] += n
+        return n
+
+    def readall(self) -> bytes:
+        data = super().readall()
+        self._counts[self._name] += len(data)
+        return data
+
+
+def _bytes_read_by_restore(factory: Any, snap: snapshot.Snapshot) -> collections.Counter[str]:
+    counts: collections.Counter[str] = collections.Counter()
+
+    def counting_open(file: Any, mode: str, buffering: int = -1, encoding: Any = None) -> Any:
+        assert mode == "rb", mode
+        return io.BufferedReader(_CountingFile(file, counts), buffering if buffering > 0 else io.DEFAULT_BUFFER_SIZE)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_streams, "open", counting_open, raising=False)
+        with snapshot.DataLoader2(factory(), buffer_state="positions") as loader:
+            loader.restore_snapshot(snap)
+            next(iter(loader))
+    return counts
+
+
+def _restore_reads(factory: Any, samples: int) -> collections.Counter[str]:
+    """Bytes read from each file by the buffer's restore (by position, less by value)."""
+    by_value = _bytes_read_by_restore(factory, _snapshot_after(factory, samples, buffer_state="values"))
+    return _bytes_read_by_restore(factory, _snapshot_after(factory, samples)) - by_value
+
+
+def test_the_buffer_restore_inflates_each_gzip_file_once(root: str) -> None:
+    by_buffer = _restore_reads(functools.partial(shuffled, "gzip_lines", root, 10), 1)
+    assert by_buffer and all(read <= os.path.getsize(os.path.join(root, f)) for f, read in by_buffer.items()), by_buffer
+
+
+#: what ``tarfile.open(mode="r:*")`` reads first, trying each compression
+PROBE = 24 * 1024
+
+
+def _write_shards(folder: str) -> str:
+    """2 tar shards of 40 samples of 3 members (a 3 KB, a 200-byte and a 2-byte member)."""
+    os.makedirs(folder, exist_ok=True)
+    for shard in range(2):
+        with tarfile.open(os.path.join(folder, f"big-{shard}.tar"), "w", format=tarfile.USTAR_FORMAT) as tar:
+            for i in range(40):
+                for ext, size in (("txt", 3000), ("json", 200), ("cls", 2)):
+                    data = (f"{shard}/{i}/{ext} " * size).encode()[:size]
+                    info = tarfile.TarInfo(f"s{shard}_{i:03d}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    return folder
+
+
+def big_samples(folder: str, members: bool) -> Any:
+    tar = td.TarArchiveLoader(FileOpener(IterableWrapper(sorted(
+        os.path.join(folder, n) for n in os.listdir(folder))), mode="b"))
+    return Shuffler(Mapper(tar, corpus.read_member) if members else Mapper(td.WebDataset(tar), corpus.decode_sample),
+                    buffer_size=30)
+
+
+@pytest.mark.parametrize("members", [True, False], ids=["tar_members", "webdataset"])
+def test_the_buffer_restore_reads_each_member_once(members: bool, tmp_path: Any) -> None:
+    """An archive's members are read where they lie, once: not read again by a read buffer that the
+    headers of a webdataset sample's later members moved past them."""
+    folder = _write_shards(str(tmp_path / "shards"))
+    factory = functools.partial(big_samples, folder, members)
+    assert_resumes_exactly(factory, epochs=1, cuts=[Cut(0, 1), Cut(0, 20)], strategies=("state",), via_file=False,
+                           buffer_state="positions")
+    by_buffer = _restore_reads(factory, 1)
+    assert set(by_buffer) == {"big-0.tar"}, by_buffer  # 30 samples (members) of the first shard's 40 (120)
+    assert by_buffer["big-0.tar"] <= os.path.getsize(os.path.join(folder, "big-0.tar")) * 3 // 4 + PROBE, by_buffer

@@ -23,6 +23,7 @@ with a :class:`~snapshot.errors.RestoreError` naming it, never read at a stale o
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import tarfile
@@ -220,6 +221,14 @@ def _seekable(stream: Any) -> bool:
     return bool(seekable()) if seekable is not None else False
 
 
+def _unbuffered(archive: Any) -> Any:
+    """The raw file under a local archive's buffered reader, else ``archive``: the members made
+    together (a webdataset sample's) are read after all their headers, and a buffer would read
+    their bytes twice (filled past them by the headers, then again from the first member back)."""
+    inner = getattr(archive, "file_obj", None)
+    return inner.raw if isinstance(inner, io.BufferedReader) and isinstance(inner.raw, io.FileIO) else archive
+
+
 def _members(addresses: Sequence[dict[str, Any]], indices: list[int]) -> Iterator[tuple[int, Any]]:
     """The members at ``addresses[i]`` for ``i`` in ``indices`` (of one archive), from one opening of
     it, in the order they lie in it (one opening per member if the archive cannot seek)."""
@@ -232,7 +241,7 @@ def _members(addresses: Sequence[dict[str, Any]], indices: list[int]) -> Iterato
         return
     try:
         if first[KIND] == "tar-member":
-            tar = tar_after(archive, first["mode"], None)
+            tar = tar_after(_unbuffered(archive), first["mode"], None)
             for index in sorted(indices, key=lambda i: addresses[i]["offset"]):
                 yield index, _tar_member(tar, archive, addresses[index])
         else:

@@ -157,6 +157,16 @@ def _snapshot_after(factory: Any, samples: int, service: Any = None, buffer_stat
         return loader.save_snapshot()
 
 
+def _restore_opening_with(opener: Any, factory: Any, snap: snapshot.Snapshot) -> None:
+    """Restore from ``snap`` and take the first sample, the module that reopens files opening them
+    with ``opener`` (in place of ``open``)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_streams, "open", opener, raising=False)
+        with snapshot.DataLoader2(factory(), buffer_state="positions") as loader:
+            loader.restore_snapshot(snap)
+            next(iter(loader))
+
+
 def _opens_during_restore(factory: Any, snap: snapshot.Snapshot) -> collections.Counter[str]:
     """How many times each file is opened by a restore from ``snap`` and its first sample: the real
     ``open`` of the module that reopens files, counted."""
@@ -166,11 +176,7 @@ def _opens_during_restore(factory: Any, snap: snapshot.Snapshot) -> collections.
         opened[os.path.basename(file)] += 1
         return open(file, *args, **kwargs)
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_streams, "open", counting_open, raising=False)
-        with snapshot.DataLoader2(factory(), buffer_state="positions") as loader:
-            loader.restore_snapshot(snap)
-            next(iter(loader))
+    _restore_opening_with(counting_open, factory, snap)
     return opened
 
 
@@ -234,17 +240,14 @@ class _CountingFile(io.FileIO):
 
 
 def _bytes_read_by_restore(factory: Any, snap: snapshot.Snapshot) -> collections.Counter[str]:
+    """Bytes read from each file by a restore from ``snap`` and its first sample (binary files)."""
     counts: collections.Counter[str] = collections.Counter()
 
     def counting_open(file: Any, mode: str, buffering: int = -1, encoding: Any = None) -> Any:
         assert mode == "rb", mode
         return io.BufferedReader(_CountingFile(file, counts), buffering if buffering > 0 else io.DEFAULT_BUFFER_SIZE)
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_streams, "open", counting_open, raising=False)
-        with snapshot.DataLoader2(factory(), buffer_state="positions") as loader:
-            loader.restore_snapshot(snap)
-            next(iter(loader))
+    _restore_opening_with(counting_open, factory, snap)
     return counts
 
 

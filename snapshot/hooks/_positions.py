@@ -8,8 +8,10 @@ range or other ``Sequence`` wrapped by ``IterableWrapper``, a map-style pipe rea
 have addresses (``webdataset``, ``load_from_tar``, ``load_from_zip``, ``readlines``,
 ``parse_csv``, ``parse_json_files``, ``load_from_tfrecord``: the file, member or byte offset
 the sample was read from), followed only by element-wise pipes (``map``, ``collate``). A
-restore re-produces each sample from there and applies the element-wise pipes again; like a
-fast-forward, this assumes their functions are deterministic. Where the input cannot
+restore re-produces the samples from there, all together (:meth:`Reproducer.many`: a file
+reader reopens each file once and reads its buffered samples in offset order, a gzip file
+inflated once), and applies the element-wise pipes again; like a fast-forward, this assumes
+their functions are deterministic. Where the input cannot
 re-produce samples, the buffer is saved by value and the snapshot's manifest says why
 (``buffer_state`` of the node). A file that changed since is refused when it is reopened.
 """

@@ -96,6 +96,23 @@ def test_webdataset_restores_exactly_with_2_workers(root: str) -> None:
                            cuts=[Cut(0, 1), Cut(0, 5), Cut(1, 1)], via_file=False, buffer_state="positions")
 
 
+def streams_buffered(root: str, webdataset: bool) -> Any:
+    """A shuffle that holds member streams (read after it, in the shuffled order): the restored ones
+    share one opening of their archive and are read out of its order."""
+    tar = td.TarArchiveLoader(FileOpener(corpus.listed(root, "*.tar"), mode="b"))
+    if webdataset:
+        return Mapper(Shuffler(td.WebDataset(tar), buffer_size=BUFFER), corpus.decode_sample)
+    return Mapper(Shuffler(tar, buffer_size=BUFFER), corpus.read_member)
+
+
+@pytest.mark.parametrize("webdataset", [False, True], ids=["tar_members", "webdataset"])
+def test_a_buffer_of_member_streams_restores_exactly(webdataset: bool, root: str) -> None:
+    factory = functools.partial(streams_buffered, root, webdataset)
+    assert _snapshot_after(factory, 2).manifest["shards"][0]["nodes"]["0/datapipe"]["buffer_state"] == "positions"
+    assert_resumes_exactly(factory, epochs=2, cuts=_cuts(len(list(factory()))), strategies=("state",),
+                           via_file=False, buffer_state="positions")
+
+
 # -- the same address twice in a buffer (a file listed twice) -----------------------------------
 
 def _twice(root: str, pattern: str, count: int) -> Any:

@@ -10,13 +10,13 @@ is already past that stream.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from snapshot.errors import RestoreError, SerializationError
 from snapshot.hooks._base import ResumableIterator
 from snapshot.hooks._registry import hook_for
-from snapshot.hooks.builtin._streams import address_of, check_unchanged, reopen
+from snapshot.hooks.builtin._streams import address_key, address_of, check_unchanged, reopen, reopen_many
 
 __all__ = ["KeepsAddresses", "OffsetReading", "StreamReading", "inflated_by", "reopenable"]
 
@@ -74,6 +74,13 @@ class KeepsAddresses:
         """The sample at ``address`` (what :meth:`last_address` gave), read again."""
         raise NotImplementedError
 
+    def fetch_many(self, addresses: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+        """The samples at ``addresses``, as ``(index in addresses, sample)`` pairs, each index once, in
+        the order they are read (a reader of files overrides this to read each file once, forward);
+        by default one :meth:`fetch` each, in order."""
+        for index, address in enumerate(addresses):
+            yield index, self.fetch(address)
+
 
 class StreamReading(KeepsAddresses, ResumableIterator):
     """Reads each ``(path, stream)`` of its input through :meth:`start` and :meth:`resume`.
@@ -95,13 +102,40 @@ class StreamReading(KeepsAddresses, ResumableIterator):
     def fetch(self, address: Any) -> Any:
         stream = reopen(address[ADDRESS], address[AT])
         try:
-            return next(self.parse(address[PATH], stream, address))
+            return self._sample_at(stream, address)
         finally:
             stream.close()
 
+    def fetch_many(self, addresses: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+        """Each stream reopened once (the members of one archive from one opening of it), its samples
+        read in offset order: a compressed stream is inflated once, up to its last sample; a sample
+        whose offset is behind the stream's position (the same address twice) is read again from
+        there."""
+        groups: dict[str, list[int]] = {}
+        for index, address in enumerate(addresses):
+            groups.setdefault(address_key(address[ADDRESS]), []).append(index)
+        indices = list(groups.values())
+        for group, stream in reopen_many([addresses[g[0]][ADDRESS] for g in indices]):
+            try:
+                for index in sorted(indices[group], key=lambda i: addresses[i][AT]):
+                    address = addresses[index]
+                    if stream.tell() != address[AT]:
+                        stream.seek(address[AT])
+                    yield index, self._sample_at(stream, address)
+            finally:
+                stream.close()
+
+    def _sample_at(self, stream: Any, address: dict[str, Any]) -> Any:
+        for sample in self.parse(address[PATH], stream, address):
+            return sample
+        raise RestoreError(
+            f"the DataPipe at {self.path} ({type(self.datapipe).__name__}) finds no sample at offset "
+            f"{address[AT]} of {address[PATH]}, where the snapshot saw one; restore with the data the "
+            "snapshot was taken on.")
+
     def parse(self, path: str, stream: Any, address: dict[str, Any]) -> Iterator[Any]:
         """The samples of ``stream`` from where it stands, for :meth:`fetch` (no effect on this
-        iterator's own position)."""
+        iterator's own position; ``stream`` is left open)."""
         raise NotImplementedError
 
     def address_extra(self) -> dict[str, Any]:

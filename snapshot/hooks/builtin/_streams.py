@@ -23,18 +23,20 @@ with a :class:`~snapshot.errors.RestoreError` naming it, never read at a stale o
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import tarfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from torch.utils.data.datapipes.utils.common import StreamWrapper
 
 from snapshot.errors import RestoreError, SerializationError
 
-__all__ = ["address_of", "changed", "check_unchanged", "file_address", "mark", "register_kind", "reopen",
-           "stream_value", "tar_after", "value_of"]
+__all__ = ["address_key", "address_of", "changed", "check_unchanged", "file_address", "mark", "register_kind",
+           "reopen", "reopen_many", "stream_value", "tar_after", "value_of"]
 
 KIND = "kind"
 #: Kinds of address that stand on another stream's address (``archive`` or ``inner``).
@@ -132,25 +134,42 @@ def tar_after(stream: Any, mode: str, offset: int | None) -> tarfile.TarFile:
     return tar
 
 
-def _open_tar_member(address: dict[str, Any]) -> Any:
-    archive = reopen(address["archive"])
-    tar = tar_after(archive, address["mode"], address["offset"])
+def _tar_member(tar: tarfile.TarFile, archive: Any, address: dict[str, Any]) -> Any:
+    """The member of ``tar`` (read from ``archive``) whose header starts at ``address["offset"]``."""
+    offset = address["offset"]
+    if offset or getattr(tar, "firstmember", None) is None:  # (else: a fresh TarFile, at its first member)
+        tar.offset = offset
+        tar.firstmember = None  # type: ignore[attr-defined]
+        if offset == 0:  # TarFile.next() reads nothing back at 0: stand there
+            tar.fileobj.seek(0)
     info = tar.next()
     extracted = tar.extractfile(info) if info is not None else None
     if extracted is None:
         raise RestoreError(f"the archive {address['archive'].get('path')} has no file member at offset "
-                           f"{address['offset']} any more; restore with the data the snapshot was taken on.")
-    member = StreamWrapper(extracted, archive, name=address.get("name"))
-    archive.autoclose()
-    return mark(member, address)
+                           f"{offset} any more; restore with the data the snapshot was taken on.")
+    return mark(StreamWrapper(extracted, archive, name=address.get("name")), address)
+
+
+def _zip_member(zips: zipfile.ZipFile, archive: Any, address: dict[str, Any]) -> Any:
+    """The member of ``zips`` (read from ``archive``) at ``address["index"]`` in its list."""
+    return mark(StreamWrapper(zips.open(zips.infolist()[address["index"]]), archive, name=address.get("name")),
+                address)
+
+
+def _open_tar_member(address: dict[str, Any]) -> Any:
+    archive = reopen(address["archive"])
+    try:
+        return _tar_member(tar_after(archive, address["mode"], None), archive, address)
+    finally:
+        archive.autoclose()
 
 
 def _open_zip_member(address: dict[str, Any]) -> Any:
     archive = reopen(address["archive"])
-    zips = zipfile.ZipFile(archive)
-    member = StreamWrapper(zips.open(zips.infolist()[address["index"]]), archive, name=address.get("name"))
-    archive.autoclose()
-    return mark(member, address)
+    try:
+        return _zip_member(zipfile.ZipFile(archive), archive, address)
+    finally:
+        archive.autoclose()
 
 
 def _open_decompressed(address: dict[str, Any]) -> Any:
@@ -187,6 +206,68 @@ def reopen(address: dict[str, Any], offset: Any = None) -> Any:
     if offset:
         stream.seek(offset)
     return stream
+
+
+def address_key(address: Any) -> str:
+    """``address`` as a string that is equal for equal addresses (to group samples by stream)."""
+    return json.dumps(address, sort_keys=True, default=repr)
+
+
+def _seekable(stream: Any) -> bool:
+    inner = getattr(stream, "file_obj", stream)
+    if isinstance(inner, tarfile.TarFile):
+        inner = inner.fileobj
+    seekable = getattr(inner, "seekable", None)
+    return bool(seekable()) if seekable is not None else False
+
+
+def _unbuffered(archive: Any) -> Any:
+    """The raw file under a local archive's buffered reader, else ``archive``: the members made
+    together (a webdataset sample's) are read after all their headers, and a buffer would read
+    their bytes twice (filled past them by the headers, then again from the first member back)."""
+    inner = getattr(archive, "file_obj", None)
+    return inner.raw if isinstance(inner, io.BufferedReader) and isinstance(inner.raw, io.FileIO) else archive
+
+
+def _members(addresses: Sequence[dict[str, Any]], indices: list[int]) -> Iterator[tuple[int, Any]]:
+    """The members at ``addresses[i]`` for ``i`` in ``indices`` (of one archive), from one opening of
+    it, in the order they lie in it (one opening per member if the archive cannot seek)."""
+    first = addresses[indices[0]]
+    archive = reopen(first["archive"])
+    if not _seekable(archive):
+        archive.close()
+        for index in indices:
+            yield index, reopen(addresses[index])
+        return
+    try:
+        if first[KIND] == "tar-member":
+            tar = tar_after(_unbuffered(archive), first["mode"], None)
+            for index in sorted(indices, key=lambda i: addresses[i]["offset"]):
+                yield index, _tar_member(tar, archive, addresses[index])
+        else:
+            zips = zipfile.ZipFile(archive)
+            for index in sorted(indices, key=lambda i: addresses[i]["index"]):
+                yield index, _zip_member(zips, archive, addresses[index])
+    finally:
+        archive.autoclose()  # closed with the last member
+
+
+def reopen_many(addresses: Sequence[dict[str, Any]]) -> Iterator[tuple[int, Any]]:
+    """Fresh streams for ``addresses``, as ``(index in addresses, stream)`` pairs, each index once:
+    the members of one archive come from one opening of it, in the order they lie in it, and share
+    it (each reads at its own place); any other address is reopened on its own. A stream is made
+    when the pair is taken, so its reader can use it before the next is made. The same checks as
+    :func:`reopen` (a file that changed is refused)."""
+    groups: dict[str, list[int]] = {}
+    for index, address in enumerate(addresses):
+        shared = address[KIND] in ("tar-member", "zip-member")
+        key = address_key([address[KIND], address.get("mode"), address["archive"]]) if shared else f"#{index}"
+        groups.setdefault(key, []).append(index)
+    for indices in groups.values():
+        if addresses[indices[0]][KIND] in ("tar-member", "zip-member"):
+            yield from _members(addresses, indices)
+        else:
+            yield indices[0], reopen(addresses[indices[0]])
 
 
 # -- streams held as values (webdataset's pending group, items in flight) -----------------------

@@ -160,8 +160,11 @@ class ShufflerIterator(ResumableIterator):
             raise RestoreError(
                 f"the shuffle buffer at {self.path} was saved by position, but {reproducer}. Restore "
                 "with the graph the snapshot was taken on.")
-        values = state[BUFFER]
-        self._buffer = [values[i] if p is None else reproducer(p) for i, p in enumerate(positions)]
+        buffer = list(state[BUFFER])  # the samples kept by value; None where a position stands
+        keyed = [i for i, p in enumerate(positions) if p is not None]
+        for i, item in zip(keyed, reproducer.many([positions[i] for i in keyed])):
+            buffer[i] = item
+        self._buffer = buffer
         if self.buffer_state == BufferState.POSITIONS:
             self._positions = list(positions)
             self._reproducer = reproducer

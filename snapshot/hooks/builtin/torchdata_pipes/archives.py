@@ -15,7 +15,7 @@ import os
 import tarfile
 import warnings
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -24,7 +24,16 @@ from torchdata.datapipes.iter.util.webdataset import pathsplit
 
 from snapshot.hooks._base import ResumableIterator, Stateless
 from snapshot.hooks.builtin._reader import KeepsAddresses, StreamReading
-from snapshot.hooks.builtin._streams import KIND, address_of, mark, reopen, stream_value, tar_after, value_of
+from snapshot.hooks.builtin._streams import (
+    KIND,
+    address_of,
+    mark,
+    reopen,
+    reopen_many,
+    stream_value,
+    tar_after,
+    value_of,
+)
 
 __all__ = ["DecompressorIterator", "TarArchiveLoaderIterator", "WebDatasetIterator", "ZipArchiveLoaderIterator"]
 
@@ -60,6 +69,10 @@ class _MemberLoading(StreamReading):
     def fetch(self, address: Any) -> Any:
         inner, member = address
         return inner, reopen(member)
+
+    def fetch_many(self, addresses: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+        for index, member in reopen_many([member for _, member in addresses]):
+            yield index, (addresses[index][0], member)
 
 
 class TarArchiveLoaderIterator(_MemberLoading):
@@ -186,6 +199,20 @@ class WebDatasetIterator(KeepsAddresses, ResumableIterator):
         for suffix, member in address[ITEMS]:
             sample[suffix] = reopen(member)
         return sample
+
+    def fetch_many(self, addresses: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+        """All the members reopened together (one opening per archive), each sample given once its
+        last member is there."""
+        samples = [{"__key__": a[KEY], **dict.fromkeys(suffix for suffix, _ in a[ITEMS])} for a in addresses]
+        missing = [len(a[ITEMS]) for a in addresses]
+        yield from ((index, samples[index]) for index, count in enumerate(missing) if count == 0)
+        members = [(index, suffix, member) for index, a in enumerate(addresses) for suffix, member in a[ITEMS]]
+        for flat, stream in reopen_many([member for _, _, member in members]):
+            index, suffix, _ = members[flat]
+            samples[index][suffix] = stream
+            missing[index] -= 1
+            if missing[index] == 0:
+                yield index, samples[index]
 
     def _yield(self, sample: dict[str, Any]) -> dict[str, Any]:
         if self._tracking:  # the sample's address: its members' (None if one is not a reopenable stream)

@@ -11,12 +11,12 @@ the files before it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from snapshot.hooks._base import ResumableIterator, Stateless
 from snapshot.hooks.builtin._reader import KeepsAddresses, OffsetReading, StreamReading
-from snapshot.hooks.builtin._streams import address_of, reopen
+from snapshot.hooks.builtin._streams import address_of, reopen, reopen_many
 
 __all__ = ["CSVParserIterator", "JsonParserIterator", "LineReaderIterator", "ParagraphAggregatorIterator",
            "TFRecordLoaderIterator"]
@@ -32,9 +32,9 @@ def _skip(stream: Any, count: int) -> None:
             return
 
 
-def _lines(stream: Any) -> Iterator[Any]:
+def _lines(stream: Any, close: bool = True) -> Iterator[Any]:
     """The lines of ``stream`` (as iterating it gives them), read with ``readline`` so that
-    ``tell()`` stays valid; the stream is closed at the end."""
+    ``tell()`` stays valid; the stream is closed at the end (with ``close``)."""
     readline = stream.readline
     try:
         while True:
@@ -43,7 +43,8 @@ def _lines(stream: Any) -> Iterator[Any]:
                 return
             yield line
     finally:
-        stream.close()
+        if close:
+            stream.close()
 
 
 class _LineBased(StreamReading):
@@ -58,7 +59,7 @@ class _LineBased(StreamReading):
         return self.addressed(stream, self.samples(path, _lines(stream), position))
 
     def parse(self, path: str, stream: Any, address: dict[str, Any]) -> Iterator[Any]:
-        return self.samples(path, _lines(stream), address, live=False)
+        return self.samples(path, _lines(stream, close=False), address, live=False)
 
     def samples(self, path: str, lines: Iterator[Any], position: Any, live: bool = True) -> Iterator[Any]:
         """The samples made of ``lines``; ``position`` is a saved position or address (or ``None``
@@ -165,6 +166,10 @@ class JsonParserIterator(KeepsAddresses, Stateless):
 
     def fetch(self, address: Any) -> Any:
         return self._parse(address["name"], reopen(address["address"]))
+
+    def fetch_many(self, addresses: Sequence[Any]) -> Iterator[tuple[int, Any]]:
+        for index, stream in reopen_many([a["address"] for a in addresses]):
+            yield index, self._parse(addresses[index]["name"], stream)
 
 
 class TFRecordLoaderIterator(OffsetReading):

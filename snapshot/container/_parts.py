@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from snapshot import schema
@@ -71,14 +71,16 @@ def split_parts(payload: bytes, *, source: str = "<state_dict>") -> list[bytes]:
     return parts
 
 
-def part_info(rank: int, manifest: dict[str, Any], data: bytes | Sequence[bytes]) -> dict[str, Any]:
-    """What the distributed manifest records of one rank's part (its bytes, or its pieces)."""
+def part_info(rank: int, manifest: dict[str, Any], data: bytes | Iterable[bytes]) -> dict[str, Any]:
+    """What the distributed manifest records of one rank's part: its bytes, or its pieces in order (read
+    once, so they may be chunks read back from the written file)."""
     pieces = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
-    digest = hashlib.sha256()
+    digest, size = hashlib.sha256(), 0
     for piece in pieces:
         digest.update(piece)
-    return {"rank": rank, "file": schema.part_name(rank), "sha256": digest.hexdigest(),
-            "size": sum(len(piece) for piece in pieces), "manifest": manifest}
+        size += len(piece)
+    return {"rank": rank, "file": schema.part_name(rank), "sha256": digest.hexdigest(), "size": size,
+            "manifest": manifest}
 
 
 def distributed_manifest(infos: Sequence[Mapping[str, Any]], *, save: str | None = None) -> dict[str, Any]:

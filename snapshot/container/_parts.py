@@ -1,8 +1,8 @@
-"""The parts of a multi-part snapshot as bytes: a rank's part stamped with its save id
-(:func:`stamp`) and checked against the index (:func:`check_part`), parts joined into one payload
-and split again (:func:`join_parts`, :func:`split_parts`), and the index itself
-(:func:`distributed_manifest`). Reading and writing the directory is
-:mod:`snapshot.storage.multipart`."""
+"""The parts of a multi-part snapshot as bytes: a rank's part (which carries its save's id, written
+with it by :mod:`snapshot.storage._stream`) checked against the index (:func:`check_part`), what the
+index records of it (:func:`part_info`), parts joined into one payload and split again
+(:func:`join_parts`, :func:`split_parts`), and the index itself (:func:`distributed_manifest`).
+Reading and writing the directory is :mod:`snapshot.storage.multipart`."""
 
 from __future__ import annotations
 
@@ -38,14 +38,6 @@ def check_part(index: schema.Manifest, entry: schema.PartRecord, part: schema.Ma
             f"{name} stands at epoch {part.loader.epoch}, sample {part.loader.yielded}, where the index records "
             f"epoch {listed.epoch}, sample {listed.yielded} for rank {entry.rank}: the directory mixes parts of "
             "different saves; use another snapshot", source=source)
-
-
-def stamp(part: bytes, save: str, *, key: bytes | str | None = None) -> list[bytes]:
-    """``part`` (a rank's snapshot file) with ``save``, the id of the save that writes it, in its manifest:
-    the file's pieces (:func:`snapshot.format.pack_parts`), signed again like the original."""
-    container = format.unpack(part, source="<part>", with_payload=False)
-    payload = format.payload_region(part)
-    return format.pack_parts({**container.manifest, "save": save}, payload, key=key)  # type: ignore[arg-type]
 
 
 _PART_SIZE = struct.Struct("<Q")
@@ -86,7 +78,7 @@ def part_info(rank: int, manifest: dict[str, Any], data: bytes | Iterable[bytes]
 def distributed_manifest(infos: Sequence[Mapping[str, Any]], *, save: str | None = None) -> dict[str, Any]:
     """The index of a distributed snapshot: rank 0's manifest, with every rank's shards and its parts.
 
-    ``save`` is the id of the save, which every part carries too (:func:`stamp`).
+    ``save`` is the id of the save, which every part carries too (in its own manifest).
     """
     manifests = [schema.Manifest.from_dict(info["manifest"], source=f"rank {info['rank']}") for info in infos]
     first = manifests[0]

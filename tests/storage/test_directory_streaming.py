@@ -54,7 +54,7 @@ def save_traced(rank, world, directory):
         tracemalloc.start()
         start = time.perf_counter()
         try:
-            dl.save_snapshot(directory)
+            snap = dl.save_snapshot(directory)
             peak = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
@@ -62,8 +62,10 @@ def save_traced(rank, world, directory):
         rest = [index_of(sample) for sample in it]
         following = [index_of(sample) for sample in dl]
     part = os.path.join(directory, f"rank-{rank:05d}.snap")
+    with open(part, "rb") as f:
+        returned = snap.to_bytes() == f.read()  # the snapshot returned is the part, read back when asked
     return {"seen": seen, "rest": rest, "following": following, "peak": peak, "seconds": seconds,
-            "part": os.path.getsize(part)}
+            "part": os.path.getsize(part), "returned": returned, "save": snap.manifest["save"]}
 
 
 def restore(rank, world, directory):
@@ -78,6 +80,7 @@ def test_a_rank_saves_its_part_holding_no_copy_of_its_state_and_the_files_restor
     state = BUFFER * SAMPLE
     for rank, result in enumerate(before):
         assert result["part"] > state  # the buffer was saved by value
+        assert result["returned"] and result["save"] == snapshot.read_manifest(directory)["save"]
         assert result["peak"] < state // 10, (
             f"rank {rank} traced {result['peak'] / 2**20:.1f} MiB at its peak while saving a "
             f"{result['part'] / 2**20:.1f} MiB part")

@@ -1,15 +1,15 @@
-"""The parts of a multi-part snapshot as bytes: a rank's part stamped with its save id
-(:func:`stamp`) and checked against the index (:func:`check_part`), parts joined into one payload
-and split again (:func:`join_parts`, :func:`split_parts`), and the index itself
-(:func:`distributed_manifest`). Reading and writing the directory is
-:mod:`snapshot.storage.multipart`."""
+"""The parts of a multi-part snapshot as bytes: a rank's part (which carries its save's id, written
+with it by :mod:`snapshot.storage._stream`) checked against the index (:func:`check_part`), what the
+index records of it (:func:`part_info`), parts joined into one payload and split again
+(:func:`join_parts`, :func:`split_parts`), and the index itself (:func:`distributed_manifest`).
+Reading and writing the directory is :mod:`snapshot.storage.multipart`."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from snapshot import schema
@@ -40,14 +40,6 @@ def check_part(index: schema.Manifest, entry: schema.PartRecord, part: schema.Ma
             "different saves; use another snapshot", source=source)
 
 
-def stamp(part: bytes, save: str, *, key: bytes | str | None = None) -> list[bytes]:
-    """``part`` (a rank's snapshot file) with ``save``, the id of the save that writes it, in its manifest:
-    the file's pieces (:func:`snapshot.format.pack_parts`), signed again like the original."""
-    container = format.unpack(part, source="<part>", with_payload=False)
-    payload = format.payload_region(part)
-    return format.pack_parts({**container.manifest, "save": save}, payload, key=key)  # type: ignore[arg-type]
-
-
 _PART_SIZE = struct.Struct("<Q")
 
 
@@ -71,20 +63,22 @@ def split_parts(payload: bytes, *, source: str = "<state_dict>") -> list[bytes]:
     return parts
 
 
-def part_info(rank: int, manifest: dict[str, Any], data: bytes | Sequence[bytes]) -> dict[str, Any]:
-    """What the distributed manifest records of one rank's part (its bytes, or its pieces)."""
+def part_info(rank: int, manifest: dict[str, Any], data: bytes | Iterable[bytes]) -> dict[str, Any]:
+    """What the distributed manifest records of one rank's part: its bytes, or its pieces in order (read
+    once, so they may be chunks read back from the written file)."""
     pieces = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
-    digest = hashlib.sha256()
+    digest, size = hashlib.sha256(), 0
     for piece in pieces:
         digest.update(piece)
-    return {"rank": rank, "file": schema.part_name(rank), "sha256": digest.hexdigest(),
-            "size": sum(len(piece) for piece in pieces), "manifest": manifest}
+        size += len(piece)
+    return {"rank": rank, "file": schema.part_name(rank), "sha256": digest.hexdigest(), "size": size,
+            "manifest": manifest}
 
 
 def distributed_manifest(infos: Sequence[Mapping[str, Any]], *, save: str | None = None) -> dict[str, Any]:
     """The index of a distributed snapshot: rank 0's manifest, with every rank's shards and its parts.
 
-    ``save`` is the id of the save, which every part carries too (:func:`stamp`).
+    ``save`` is the id of the save, which every part carries too (in its own manifest).
     """
     manifests = [schema.Manifest.from_dict(info["manifest"], source=f"rank {info['rank']}") for info in infos]
     first = manifests[0]

@@ -64,7 +64,6 @@ __all__ = [
     "pack",
     "pack_parts",
     "payload_record",
-    "payload_region",
     "read_head",
     "resolve_key",
     "unpack",
@@ -352,13 +351,6 @@ def unpack(
                 source=source,
             )
     return Container(manifest, payload, signed, len(data), info)
-
-
-def payload_region(data: bytes) -> memoryview:
-    """The payload's bytes in a container already checked by :func:`unpack` (a view: no copy)."""
-    version, _, mlen, plen, _, _ = _check_header(data[:_PREFIX], len(data), "<container>")
-    _, poffset = _offsets(version, mlen, plen)
-    return memoryview(data)[poffset:poffset + plen]
 
 
 def read_head(f: IO[bytes], total: int, source: str) -> dict[str, Any]:

@@ -85,20 +85,17 @@ class Saver:
         self.graph.check_portable(include_graph)
         collective = self.service.collective()
         source = self.source(include_graph=include_graph, verify=verify)
-        if collective is None and isinstance(dest, (str, os.PathLike)):
-            snap = write(source, dest, key=key)  # encoded straight into the file: no copy of the state
-            if keep_last is not None:
-                _rotation.prune(dest, keep_last)
-            return snap
-        snap = snapshot_of(source)
-        if dest is not None and collective is not None and _fsspec.is_url(dest):
-            # object storage: every rank uploads its part, rank 0 the index last
-            _object_directory.save_directory(collective, snap.to_bytes(key=key), snap.manifest, str(dest), key)
-        elif dest is not None and collective is not None:
-            # a directory: every rank writes its part, rank 0 the manifest
-            multipart.save_directory(collective, snap.to_bytes(key=key), snap.manifest, dest, key)
-        elif dest is not None:
-            save(snap, dest, key=key)
+        # a path or a URL: encoded straight into the file (no copy of the state); across ranks, every
+        # rank its part of a directory (a local one, or a prefix in object storage), rank 0 the index
+        if isinstance(dest, (str, os.PathLike)) and collective is not None:
+            directory = _object_directory if _fsspec.is_url(dest) else multipart
+            snap = directory.save_directory(collective, source, dest, key)
+        elif isinstance(dest, (str, os.PathLike)):
+            snap = write(source, dest, key=key)
+        else:
+            snap = snapshot_of(source)
+            if dest is not None:
+                save(snap, dest, key=key)  # a binary file object
         if keep_last is not None and (collective is None or collective.rank == 0):
             _rotation.prune(dest, keep_last)  # type: ignore[arg-type]
         return snap

@@ -17,9 +17,9 @@ from typing import Any
 
 from snapshot import _progress, schema
 from snapshot.container import _dict_form, format
-from snapshot.container.capture import LoaderState, Snapshot, encode
+from snapshot.container.capture import LoaderState, Snapshot
 from snapshot.errors import CorruptSnapshotError, ManifestError, SnapshotFileError
-from snapshot.storage import _atomic, _object_directory, _sources, multipart
+from snapshot.storage import _atomic, _object_directory, _sources, _stream, multipart
 
 __all__ = ["load", "merge_parts", "save", "write"]
 
@@ -55,7 +55,7 @@ def write(source: LoaderState, dest: str | os.PathLike[str], *, key: bytes | str
           progress: bool = True) -> Snapshot:
     """Encode ``source`` straight into ``dest`` (a path or a URL), atomically; its :class:`Snapshot`.
 
-    Node states and samples are written as they are encoded (see :class:`snapshot.format.Writer`),
+    Node states and samples are written as they are encoded (see :mod:`snapshot.storage._stream`),
     so the save holds no copy of the state; the returned snapshot reads its payload back from
     ``dest`` only if it is asked for it.
     """
@@ -63,21 +63,10 @@ def write(source: LoaderState, dest: str | os.PathLike[str], *, key: bytes | str
     name = os.fspath(dest)
     with _atomic.atomic_file(dest) as f, _progress.bar(None if progress else 0, f"snapshot: saving {name}",
                                                         unit="B", unit_scale=True) as bar:
-        writer = format.Writer(f, key=key, progress=bar.update if bar.shown else None)
-        manifest = encode(source, writer)
-        size = writer.finish(manifest.to_dict())
+        manifest, size = _stream.encode_into(f, source, key=key, progress=bar.update if bar.shown else None)
     _log.info("saved snapshot %s: %s bytes (epoch %d, sample %d) in %.3f s", name, f"{size:,}",
               manifest.loader.epoch, manifest.loader.yielded, time.perf_counter() - start)
-    return Snapshot(manifest, payload=lambda: _written_payload(name, manifest))
-
-
-def _written_payload(name: str, manifest: schema.Manifest) -> bytes:
-    """The payload of the snapshot this process wrote at ``name``, checked against its manifest."""
-    container = _sources.read_container(name)
-    if container.manifest != manifest.to_dict() or container.payload is None:
-        raise SnapshotFileError("the file was replaced since this snapshot was saved to it (a later save to the "
-                                "same path?): load the file again", source=name)
-    return container.payload
+    return _stream.written(name, manifest)
 
 
 def merge_parts(manifest: dict[str, Any], parts: list[Snapshot]) -> Snapshot:

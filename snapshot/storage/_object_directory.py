@@ -22,9 +22,10 @@ import uuid
 from typing import Any
 
 from snapshot.container import format
-from snapshot.container._parts import check_part, distributed_manifest, part_info, stamp
+from snapshot.container._parts import check_part, distributed_manifest
+from snapshot.container.capture import LoaderState, Snapshot
 from snapshot.errors import CorruptSnapshotError, RankError, SnapshotError, SnapshotFileError
-from snapshot.storage import _fsspec, _sources
+from snapshot.storage import _fsspec, _sources, _stream, multipart
 
 __all__ = ["PREFIX", "is_directory", "read_parts", "save_directory"]
 
@@ -66,26 +67,18 @@ def read_parts(url: str, *, key: bytes | str | None = None) -> tuple[format.Cont
     return container, parts
 
 
-def save_directory(collective: Any, part: bytes, manifest: dict[str, Any], dest: str,
-                   key: bytes | str | None) -> None:
-    """Each rank uploads ``part``; rank 0 then writes the index (the commit). A collective."""
+def save_directory(collective: Any, source: LoaderState, dest: str, key: bytes | str | None) -> Snapshot:
+    """Each rank encodes ``source`` into its part and uploads it; rank 0 then writes the index (the commit).
+    A collective; this rank's part, as a :class:`Snapshot` that reads its payload back only if asked.
+
+    The part is encoded into a local temporary file (no copy of the state in memory) and uploaded whole
+    (:func:`snapshot.storage._atomic.atomic_file`), carrying the save's id, agreed on first."""
     url = dest.rstrip("/")
     token = collective.broadcast(uuid.uuid4().hex[:12], "agreeing on a snapshot prefix")
+    part = f"{url}/{token}/rank-{collective.rank:05d}.snap"
+    manifest, infos = multipart.write_part(collective, source, part, token, key,
+                                           on_failure=lambda: _fsspec.remove(f"{url}/{token}"))
     error = None
-    pieces = [part]
-    try:
-        pieces = stamp(part, token, key=key)  # the part carries the id of this save, as the index does
-        _fsspec.write_bytes(f"{url}/{token}/rank-{collective.rank:05d}.snap", pieces)
-    except SnapshotError as exc:
-        error = str(exc)
-    infos = collective.all_gather({**part_info(collective.rank, manifest, pieces), "error": error},
-                                  "writing the parts of a snapshot")
-    failed = [i for i in infos if i["error"]]
-    if failed:
-        if collective.rank == 0:
-            _fsspec.remove(f"{url}/{token}")
-        raise RankError("the snapshot was not written (the previous one is intact): " +
-                        "; ".join(f"rank {i['rank']} could not write its part: {i['error']}" for i in failed))
     if collective.rank == 0:
         try:
             previous = None
@@ -103,3 +96,4 @@ def save_directory(collective: Any, part: bytes, manifest: dict[str, Any], dest:
     done = collective.broadcast(error, "publishing a snapshot")
     if done is not None:
         raise RankError(f"the snapshot was not published (the previous one is intact): rank 0: {done}")
+    return _stream.written(part, manifest)

@@ -11,10 +11,11 @@ Each rank writes its part into a fresh staging directory; rank 0 writes the mani
 and then replaces the link in one ``rename``. A crash at any point leaves the link pointing
 at the previous complete directory. Readers check every part against the digest the
 manifest records for it, and against the save: the ranks agree on a save id (the staging
-directory's token) that each part carries in its own manifest (``save``, :func:`stamp`) and
-the index too, so a part copied in from another save is refused even when the index's
-digest was updated to match it (:func:`check_part`). Directories written before save ids
-carry none in the index nor in the parts, and still load.
+directory's token) before writing, which each part carries in its own manifest (``save``, encoded
+with the part: :func:`snapshot.storage._stream.write_part`) and the index too, so a part copied in
+from another save is refused even when the index's digest was updated to match it
+(:func:`check_part`). Directories written before save ids carry none in the index nor in the
+parts, and still load.
 
 The same parts also travel joined in one payload (a distributed snapshot's state dict):
 :func:`join_parts` and :func:`split_parts`. The index is rank 0's manifest with every
@@ -23,7 +24,7 @@ rank's shards and its parts (:func:`distributed_manifest`).
 :func:`save_directory` is the one write path of a directory: a collective that the loader calls with
 the distributed service's collective operations (this module knows nothing of processes; it is handed
 ``rank``, ``broadcast`` and ``all_gather``). It is the I/O half (directories on disk); the parts
-themselves (stamp, check, join, split, the index) are :mod:`snapshot.container._parts`, whose names this
+themselves (check, join, split, the index) are :mod:`snapshot.container._parts`, whose names this
 module hands on.
 """
 
@@ -33,6 +34,7 @@ import hashlib
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from snapshot import schema
@@ -44,14 +46,14 @@ from snapshot.container._parts import (
     part_info,
     parts_state_dict,
     split_parts,
-    stamp,
 )
+from snapshot.container.capture import LoaderState, Snapshot
 from snapshot.errors import CorruptSnapshotError, RankError, SnapshotError, SnapshotFileError
-from snapshot.storage import _atomic, _sources
+from snapshot.storage import _atomic, _sources, _stream
 
 __all__ = ["MANIFEST", "check_part", "commit", "distributed_manifest", "is_directory_snapshot", "join_parts",
-           "part_info", "part_name", "parts_state_dict", "read_parts", "save_directory", "split_parts", "stamp",
-           "staging"]
+           "part_info", "part_name", "parts_state_dict", "read_parts", "save_directory", "split_parts", "staging",
+           "write_part"]
 
 MANIFEST = format.DIRECTORY_MANIFEST
 part_name = schema.part_name
@@ -138,45 +140,63 @@ def read_parts(src: str, *, key: bytes | str | None = None) -> tuple[format.Cont
     return index, parts
 
 
-def save_directory(collective: Any, part: bytes, manifest: dict[str, Any], dest: Any,
-                   key: bytes | str | None) -> None:
-    """Each rank writes ``part``; rank 0 writes the global manifest and swaps the directory in (a collective).
+def save_directory(collective: Any, source: LoaderState, dest: Any, key: bytes | str | None) -> Snapshot:
+    """Each rank encodes ``source`` straight into its part; rank 0 writes the global manifest and swaps the
+    directory in (a collective). This rank's part, as a :class:`Snapshot` that reads its payload back
+    from the file only if asked.
 
-    On any failure (a rank that cannot write, dies or hangs) nothing is published, the
-    staging directory is removed, and the previous snapshot stays.
+    The ranks agree on the save's id first, so that each part is written once, carrying it (no copy of
+    the state is held: :func:`snapshot.storage._stream.write_part`). On any failure (a rank that cannot
+    write, dies or hangs) nothing is published, the staging directory is removed, and the previous
+    snapshot stays.
     """
     token = collective.broadcast(uuid.uuid4().hex[:12], "agreeing on a snapshot directory")
     directory = staging(os.fspath(dest), token)
     try:
-        _save_parts(collective, directory, part, manifest, dest, key, token)
+        return _save_parts(collective, directory, source, dest, key, token)
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
 
 
-def _save_parts(collective: Any, directory: str, part: bytes, manifest: dict[str, Any], dest: Any,
-                key: bytes | str | None, token: str) -> None:
-    error = None
-    pieces = [part]
+def write_part(collective: Any, source: LoaderState, path: str, token: str, key: bytes | str | None, *,
+               on_failure: Callable[[], None] | None = None) -> tuple[schema.Manifest, list[dict[str, Any]]]:
+    """This rank's part of the save ``token``, encoded straight into ``path`` (a path or a URL); then every
+    rank's record of its part (a collective), or a :class:`RankError` on every rank, naming each rank that
+    could not write (after ``on_failure()``, on rank 0: remove what the ranks wrote)."""
+    error: str | None = None
+    failure: BaseException | None = None
+    info: dict[str, Any] = {}
+    manifest: schema.Manifest | None = None
     try:
-        pieces = stamp(part, token, key=key)  # the part carries the id of this save, as the index
-        _atomic.atomic_write(os.path.join(directory, part_name(collective.rank)), pieces)
+        manifest, info = _stream.write_part(source, path, rank=collective.rank, save=token, key=key)
     except (OSError, SnapshotError) as exc:
-        error = f"{type(exc).__name__}: {exc}"
-    info = {**part_info(collective.rank, manifest, pieces), "error": error}
-    infos = collective.all_gather(info, "writing the parts of a snapshot")
+        error, failure = f"{type(exc).__name__}: {exc}", exc
+    infos = collective.all_gather({**info, "rank": collective.rank, "error": error}, "writing the parts of a snapshot")
     failed = [i for i in infos if i["error"]]
     if failed:
+        if on_failure is not None and collective.rank == 0:
+            on_failure()
         raise RankError("the snapshot was not written (the previous one is intact): " +
-                        "; ".join(f"rank {i['rank']} could not write its part: {i['error']}" for i in failed))
+                        "; ".join(f"rank {i['rank']} could not write its part: {i['error']}" for i in failed)
+                        ) from failure
+    assert manifest is not None
+    return manifest, infos
+
+
+def _save_parts(collective: Any, directory: str, source: LoaderState, dest: Any,
+                key: bytes | str | None, token: str) -> Snapshot:
+    path = os.path.join(directory, part_name(collective.rank))
+    manifest, infos = write_part(collective, source, path, token, key)
+    error = None
     if collective.rank == 0:
         try:
             _atomic.atomic_write(os.path.join(directory, MANIFEST),
                                  format.pack(distributed_manifest(infos, save=token), b"", key=key))
             commit(os.fspath(dest), directory)
-            error = None
         except (OSError, SnapshotError) as exc:
             error = f"{type(exc).__name__}: {exc}"
     done = collective.broadcast(error, "publishing a snapshot")
     if done is not None:
         raise RankError(f"the snapshot was not published (the previous one is intact): rank 0: {done}")
+    return _stream.written(path, manifest)

@@ -64,6 +64,11 @@ def _pickle(obj: Any) -> bytes:
     return out.getvalue()
 
 
+def _the(what: str) -> str:
+    """``what`` with its article: callers may name a thing with one (``the state of ...``) or without."""
+    return what if what.startswith(("the ", "a ", "an ")) else f"the {what}"
+
+
 def dumps(obj: Any, *, what: str = "object") -> bytes:
     """Pickle ``obj``; the first byte records which pickler was used."""
     try:
@@ -74,7 +79,7 @@ def dumps(obj: Any, *, what: str = "object") -> bytes:
         return _DILL + dill.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:
         raise SerializationError(
-            f"cannot pickle the {what}: {type(exc).__name__}: {exc}. "
+            f"cannot pickle {_the(what)}: {type(exc).__name__}: {exc}. "
             "Every value a snapshot stores must be picklable by pickle or dill."
         ) from exc
 
@@ -89,13 +94,13 @@ def loads(data: bytes, *, what: str = "object") -> Any:
             return dill.loads(body)
     except (ModuleNotFoundError, AttributeError) as exc:
         raise SerializationError(
-            f"cannot unpickle the {what}: {exc}. It refers to code that is not importable "
+            f"cannot unpickle {_the(what)}: {exc}. It refers to code that is not importable "
             "here; install the module that defines it, or build the graph in code and pass "
             "it to DataLoader2 before restoring."
         ) from exc
     except Exception as exc:
-        raise SerializationError(f"cannot unpickle the {what}: {type(exc).__name__}: {exc}") from exc
-    raise SerializationError(f"cannot unpickle the {what}: unknown pickler tag {tag!r}")
+        raise SerializationError(f"cannot unpickle {_the(what)}: {type(exc).__name__}: {exc}") from exc
+    raise SerializationError(f"cannot unpickle {_the(what)}: unknown pickler tag {tag!r}")
 
 
 def _graph(datapipe: Any) -> Any:

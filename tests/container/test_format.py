@@ -287,3 +287,23 @@ def test_a_corrupted_payload_is_placed_in_the_payload_not_at_its_start() -> None
         snapshot.load(bytes(data))
     assert f"some byte in the payload (bytes {start:,} to {end:,} of the file)" in str(caught.value)
     assert "at byte" not in str(caught.value) and caught.value.offset is None
+
+
+def test_an_unpicklable_buffered_sample_is_named_once_in_plain_words(tmp_path) -> None:
+    """A sample that is neither data nor picklable (a generator) fails the save with where it sits."""
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    dl = snapshot.DataLoader2(IterableWrapper(range(10)).map(_counting_from).shuffle(buffer_size=5))
+    dl.seed(0)
+    it = iter(dl)
+    next(it)
+    with pytest.raises(snapshot.SerializationError) as info:
+        dl.save_snapshot(tmp_path / "a.snap")
+    dl.shutdown()
+    message = str(info.value)
+    assert message.startswith("cannot pickle the state of the DataPipe at "), message
+    assert "the the" not in message and "generator" in message
+
+
+def _counting_from(start: int) -> object:
+    return (n for n in range(start, start + 3))

@@ -55,9 +55,10 @@ def check_even_rest(state: ServiceState, units: int, ranks: int, ahead: Sequence
     left = forecast.left
     if not forecast.counted:
         if forecast.needed >= ranks:
-            _log.warning("re-sharding onto %d ranks: the saved shards' buffers leave the ranks %s samples apart; "
-                         "the next %d samples no one has read are dealt to even them out, and if the epoch has "
-                         "fewer left, even_batches=%r drops or repeats the difference", ranks, _spread(left),
+            _log.warning("re-sharding onto %d ranks: samples held in the saved shards' buffers stay with their "
+                         "ranks, and the next %d samples no one has read are dealt to even the ranks out; if fewer "
+                         "are left in the epoch, even_batches=%r drops or repeats the difference (the sharding "
+                         "point's input has no length, so this cannot be checked before the restore)", ranks,
                          forecast.needed, policy)
         return
     off = sum(n - min(left) for n in left) if policy == "drop" else sum(max(left) - n for n in left)
@@ -65,10 +66,6 @@ def check_even_rest(state: ServiceState, units: int, ranks: int, ahead: Sequence
     if outputs < ranks:
         return
     raise LayoutError(_message(state, ranks, left, outputs, policy))
-
-
-def _spread(left: Sequence[int]) -> int:
-    return max(left) - min(left)
 
 
 def _message(state: ServiceState, ranks: int, left: Sequence[int], outputs: int, policy: Any) -> str:

@@ -39,27 +39,31 @@ def every(samples: int) -> Counter[int]:
     return Counter(double(x) for x in range(samples))
 
 
-def service(policy: str | None = "drop") -> Any:
-    return snapshot.DistributedReadingService(timeout=60, even_batches=policy)
+def service(policy: str | None = "drop", workers: int = 0) -> Any:
+    ranks = snapshot.DistributedReadingService(timeout=60, even_batches=policy)
+    if workers:
+        return snapshot.SequentialReadingService(ranks, snapshot.MultiProcessingReadingService(workers))
+    return ranks
 
 
-def first_run(rank: int, world: int, directory: str, samples: int) -> list[Any]:
-    with snapshot.DataLoader2(graph(samples), reading_service=service()) as loader:
+def first_run(rank: int, world: int, directory: str, samples: int, workers: int = 0) -> list[Any]:
+    with snapshot.DataLoader2(graph(samples), reading_service=service(workers=workers)) as loader:
         loader.seed(7)
         return train_epoch(loader, (AT, directory))[:AT]
 
 
-def resumed_run(rank: int, world: int, directory: str, samples: int, policy: str | None) -> dict[str, Any]:
+def resumed_run(rank: int, world: int, directory: str, samples: int, policy: str | None,
+                workers: int = 0) -> dict[str, Any]:
     """The rest of the saved epoch and the next one (a collective per sample where a policy keeps ranks even)."""
-    with snapshot.DataLoader2(graph(samples), reading_service=service(policy)) as loader:
+    with snapshot.DataLoader2(graph(samples), reading_service=service(policy, workers)) as loader:
         loader.restore_snapshot(directory)
         rest = train_epoch(loader) if policy else list(loader)
         return {"rest": rest, "next": train_epoch(loader) if policy else list(loader)}
 
 
-def _saved(tmp_path: Any, ranks: int, samples: int) -> tuple[str, Counter[int]]:
+def _saved(tmp_path: Any, ranks: int, samples: int, workers: int = 0) -> tuple[str, Counter[int]]:
     directory = str(tmp_path / "data.snap")
-    seen = run_ranks(ranks, first_run, directory, samples, pg_timeout=30)
+    seen = run_ranks(ranks, first_run, directory, samples, workers, pg_timeout=30)
     return directory, Counter(x for share in seen for x in share)
 
 
@@ -100,6 +104,17 @@ def test_buffers_too_uneven_for_the_samples_left_are_refused_on_every_rank(tmp_p
     _check_next(resumed, samples)
 
 
+@pytest.mark.slow
+def test_with_a_worker_per_rank_the_samples_it_produced_ahead_count_too(tmp_path) -> None:
+    # a worker per rank holds samples produced ahead of the loader besides its shard's buffer
+    directory, seen = _saved(tmp_path, 2, 600, 1)
+    failures = run_ranks(3, resumed_run, directory, 600, "drop", 1, pg_timeout=30, allow_errors=True)
+    assert all(isinstance(f, RankFailure) and f.message.startswith("LayoutError: ") for f in failures), failures
+    resumed = run_ranks(3, resumed_run, directory, 600, None, 1, pg_timeout=30)
+    assert Counter(x for r in resumed for x in r["rest"]) + seen == every(600)
+    _check_next(resumed, 600)
+
+
 # the same, earlier in the epoch (so many unread samples are left that they even the buffers out)
 EVENED = [(2, 3, 1800, "drop"), (2, 3, 1800, "pad"), (3, 2, 3000, "drop"), (3, 2, 3000, "pad")]
 
@@ -120,3 +135,51 @@ def test_unread_samples_even_out_the_buffers(tmp_path, before: int, after: int, 
         assert not every(samples) - got, "a sample was lost"
         assert sum((got - every(samples)).values()) < after, "pad repeated R' samples or more"
     _check_next(resumed, samples)
+
+
+def keep(x: int) -> bool:
+    return x >= 0
+
+
+def unsized(samples: int) -> Any:
+    """The same graph, with a filter above the sharding point: its input has no length."""
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    return IterableWrapper(range(samples)).filter(keep).sharding_filter().shuffle(buffer_size=200).map(double)
+
+
+def unsized_first(rank: int, world: int, directory: str, samples: int) -> list[Any]:
+    with snapshot.DataLoader2(unsized(samples), reading_service=service()) as loader:
+        loader.seed(7)
+        return train_epoch(loader, (AT, directory))[:AT]
+
+
+def unsized_resumed(rank: int, world: int, directory: str, samples: int) -> dict[str, Any]:
+    import logging
+
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("snapshot.reading_service._uneven")
+    logger.addHandler(handler)
+    try:
+        with snapshot.DataLoader2(unsized(samples), reading_service=service()) as loader:
+            loader.restore_snapshot(directory)
+            return {"warnings": records, "rest": train_epoch(loader)}
+    finally:
+        logger.removeHandler(handler)
+
+
+@pytest.mark.slow
+def test_without_a_length_the_restore_warns_how_many_unread_samples_it_needs(tmp_path) -> None:
+    # the sharding point's input has no __len__, so the restore cannot tell whether the 200 unread
+    # samples that even out the buffers are left: it warns on every rank, and "drop" cuts the rest
+    directory = str(tmp_path / "data.snap")
+    seen = run_ranks(2, unsized_first, directory, 600, pg_timeout=30)
+    resumed = run_ranks(3, unsized_resumed, directory, 600, pg_timeout=30)
+    for r in resumed:
+        assert len(r["warnings"]) == 1, r["warnings"]
+        assert "the next 200 samples no one has read" in r["warnings"][0] and "no length" in r["warnings"][0]
+    got = Counter(x for r in resumed for x in r["rest"]) + Counter(x for s in seen for x in s)
+    assert not [x for x, n in got.items() if n > 1] and not got - every(600)
+    assert sum((every(600) - got).values()) == 2 * 190, "drop stops every rank after 10 of 200, 200, 10"

@@ -81,12 +81,17 @@ class Shares:
     #: Per rank, the samples of the sharding point it has left: complete when ``counted``, else
     #: up to where the ranks are even.
     left: list[int]
-    #: Whether ``left`` runs to the end of the epoch (the sharding point's length is known).
+    #: Whether ``left`` runs to the end of the epoch (the sharding point's length is known, and
+    #: the evening reaches it).
     counted: bool
+    #: Whether the sharding point's length is known.
+    known: bool
     #: Samples not read yet that evening the ranks out hands to the ranks holding fewest.
     needed: int
     #: Samples of the sharding point per output of the graph, on average.
     per_output: float
+    #: Samples held in the units' buffers below the sharding point (:func:`_held`).
+    held: int
 
 
 def shares(state: ServiceState, units: int, ranks: int, ahead: Sequence[int] = (),
@@ -104,7 +109,9 @@ def shares(state: ServiceState, units: int, ranks: int, ahead: Sequence[int] = (
     deal = Deal(state.units, routers[0].deal)
     _, left, needed = _even_out(deal, path, starts[path], state.shards, units, ranks, ahead, end)
     counted = end is not None and last - first <= _EVENING_LIMIT and end - last <= _EVENING_LIMIT
-    return Shares(left, counted, needed, per_output(state.shards[:state.units], path))
+    records = state.shards[:state.units]
+    held = round(sum(_held(r, path) for r in records if r is not None))
+    return Shares(left, counted, end is not None, needed, per_output(records, path), held)
 
 
 #: How far (in samples of a sharding point) evening out the ranks' shares may look.

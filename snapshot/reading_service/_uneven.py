@@ -36,7 +36,7 @@ def sharding_lengths(graph: Graph, topology: Topology) -> dict[str, int | None]:
         node = graph[path]
         try:
             total = len(graph[node.inputs[0]].datapipe) if node.inputs else None
-        except (TypeError, NotImplementedError):  # a pipe without __len__
+        except (TypeError, NotImplementedError, AttributeError, ValueError):  # a pipe without __len__
             total = None
         count, instance = _outer(node.datapipe)
         lengths[path] = None if total is None else len(range(instance, total, count))
@@ -53,13 +53,15 @@ def check_even_rest(state: ServiceState, units: int, ranks: int, ahead: Sequence
     if forecast is None:
         return
     left = forecast.left
-    if not forecast.counted:
-        if forecast.needed >= ranks:
+    if not forecast.known:
+        if forecast.held and forecast.needed >= ranks:
             _log.warning("re-sharding onto %d ranks: samples held in the saved shards' buffers stay with their "
                          "ranks, and the next %d samples no one has read are dealt to even the ranks out; if fewer "
                          "are left in the epoch, even_batches=%r drops or repeats the difference (the sharding "
                          "point's input has no length, so this cannot be checked before the restore)", ranks,
                          forecast.needed, policy)
+        return
+    if not forecast.counted:  # the samples left reach far beyond those that even the ranks out
         return
     off = sum(n - min(left) for n in left) if policy == "drop" else sum(max(left) - n for n in left)
     outputs = round(off / forecast.per_output)

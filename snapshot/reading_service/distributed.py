@@ -271,13 +271,13 @@ class DistributedReadingService(ReadingServiceInterface):
         first = saved_first(state, collective.rank, collective.world)
         if self._pending_first:
             first += deal(self._pending_first, collective.rank, collective.world)
-            self._pending_first = []
         ahead = collective.all_gather(len(first), "agreeing on the samples handed out before the stream") \
             if saved_ranks != collective.world else [len(first)] * collective.world
         if self.even_batches is not None and saved_ranks != collective.world:
             graph = self.executor._graph or Graph(datapipe)
             check_even_rest(state, units, collective.world, ahead, self.even_batches,
-                            sharding_lengths(graph, analyze(graph)))
+                            sharding_lengths(graph, analyze(graph)))  # refused: nothing changed
+        self._pending_first = []
         self.executor.restore(datapipe, state, strategy=strategy, shards=self.owned(units), units=units,
                               ranks=collective.world, ahead=ahead)
         self._even, self._resume_last, self._first = None, saved_last(state, collective.rank), first

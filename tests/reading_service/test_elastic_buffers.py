@@ -183,3 +183,24 @@ def test_without_a_length_the_restore_warns_how_many_unread_samples_it_needs(tmp
     got = Counter(x for r in resumed for x in r["rest"]) + Counter(x for s in seen for x in s)
     assert not [x for x, n in got.items() if n > 1] and not got - every(600)
     assert sum((every(600) - got).values()) == 2 * 190, "drop stops every rank after 10 of 200, 200, 10"
+
+
+def refused_then_run(rank: int, world: int, directory: str, samples: int) -> dict[str, Any]:
+    """A refused restore, then the same loader's first epoch (it is unchanged: it starts from the beginning)."""
+    with snapshot.DataLoader2(graph(samples), reading_service=service()) as loader:
+        loader.seed(7)
+        try:
+            loader.restore_snapshot(directory)
+        except snapshot.LayoutError as exc:
+            return {"refused": str(exc), "epoch": train_epoch(loader)}
+        return {"refused": None, "epoch": []}
+
+
+@pytest.mark.slow
+def test_a_refused_restore_leaves_the_loader_as_it_was(tmp_path) -> None:
+    directory, _ = _saved(tmp_path, 2, 600)
+    after = run_ranks(3, refused_then_run, directory, 600, pg_timeout=30)
+    assert all(r["refused"] and "cannot be restored evenly onto 3 ranks" in r["refused"] for r in after)
+    shares = [r["epoch"] for r in after]
+    assert Counter(x for share in shares for x in share) == every(600)
+    assert [len(share) for share in shares] == [200, 200, 200]

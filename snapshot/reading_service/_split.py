@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from snapshot.engine.sharding import Topology
@@ -27,7 +27,7 @@ from snapshot.reading_service._reread import check_one_pass
 from snapshot.reading_service._routing import Deal
 from snapshot.schema import ServiceState, ShardState, UpstreamState
 
-__all__ = ["epoch_finished", "epoch_units", "restore_units", "split"]
+__all__ = ["Shares", "epoch_finished", "epoch_units", "per_output", "restore_units", "shares", "split"]
 
 
 def epoch_units(logical_shards: int, ranks: int) -> int:
@@ -74,33 +74,84 @@ def split(state: ServiceState, units: int, topology: Topology, *, finished: bool
                    ranks=[replace(rank, merge=None) for rank in state.ranks])
 
 
+@dataclass(frozen=True)
+class Shares:
+    """The rest of a split epoch as :func:`split` evens it out onto ``ranks`` ranks (see :func:`shares`)."""
+
+    #: Per rank, the samples of the sharding point it has left: complete when ``counted``, else
+    #: up to where the ranks are even.
+    left: list[int]
+    #: Whether ``left`` runs to the end of the epoch (the sharding point's length is known, and
+    #: the evening reaches it).
+    counted: bool
+    #: Whether the sharding point's length is known.
+    known: bool
+    #: Samples not read yet that evening the ranks out hands to the ranks holding fewest.
+    needed: int
+    #: Samples of the sharding point per output of the graph, on average.
+    per_output: float
+    #: Samples held in the units' buffers below the sharding point (:func:`_held`).
+    held: int
+
+
+def shares(state: ServiceState, units: int, ranks: int, ahead: Sequence[int] = (),
+           length: Mapping[str, int | None] | None = None) -> Shares | None:
+    """What :func:`split` with ``rebalance`` leaves each rank of the rest of ``state``'s epoch
+    (``None`` where it does not even out: several sharding points, or an ended epoch). ``length``:
+    per sharding point, the samples its share deals in a whole epoch, where known."""
+    starts = _starts(state.upstream)
+    if len(starts) != 1 or epoch_finished(state):
+        return None
+    path = next(iter(starts))
+    routers = [c.routers[path] for c in state.upstream if path in c.routers]
+    end = max(r.kept for r in routers) if any(r.ended for r in routers) else (length or {}).get(path)
+    first, last = min(starts[path].values()), max(starts[path].values())
+    deal = Deal(state.units, routers[0].deal)
+    _, left, needed = _even_out(deal, path, starts[path], state.shards, units, ranks, ahead, end)
+    counted = end is not None and last - first <= _EVENING_LIMIT and end - last <= _EVENING_LIMIT
+    records = state.shards[:state.units]
+    held = round(sum(_held(r, path) for r in records if r is not None))
+    return Shares(left, counted, end is not None, needed, per_output(records, path), held)
+
+
 #: How far (in samples of a sharding point) evening out the ranks' shares may look.
 _EVENING_LIMIT = 1 << 16
 
 
 def _evening(deal: Deal, router: str, starts: Mapping[int, int], records: list[ShardState | None], units: int,
              ranks: int, ahead: Sequence[int] = ()) -> dict[int, int]:
-    """The samples to move so that every rank has as many samples left in the epoch: those
-    already produced for a unit and saved with it (``in_flight``) count for the unit's rank, as
-    many samples of the sharding point as each of the unit's outputs took (a batch of 4: 4)."""
+    """The samples to move so that every rank has as many samples left in the epoch (see :func:`_even_out`)."""
+    return _even_out(deal, router, starts, records, units, ranks, ahead)[0]
+
+
+def _even_out(deal: Deal, router: str, starts: Mapping[int, int], records: list[ShardState | None], units: int,
+              ranks: int, ahead: Sequence[int] = (), end: int | None = None) -> tuple[dict[int, int], list[int], int]:
+    """The samples to move so that every rank has as many samples left in the epoch, the samples
+    each rank then has left (counted up to where they are even, or to ``end``, the sharding point's
+    last index if known) and how many unread samples evening them out takes. A unit's samples
+    already read from the sharding point count for its rank: those in its pipes' buffers
+    (:func:`_held`) and those produced and saved with it (``in_flight``), as many samples of the
+    sharding point as each output took (a batch of 4: 4)."""
     saved = deal.modulus
     waiting = [0] * ranks
     ended: set[int] = set()
     for unit, record in enumerate(records[:saved]):
         if record is not None:
-            waiting[unit % ranks] += round(len(record.in_flight) * _inputs_per_output(record, router))
+            waiting[unit % ranks] += round(_held(record, router)
+                                           + len(record.in_flight) * _inputs_per_output(record, router))
             if record.graph_exhausted:
                 ended.update(range(unit, units, saved))
     if any(ahead):
-        ratios = [_inputs_per_output(r, router) for r in records[:saved] if r is not None and r.produced]
-        ratio = sum(ratios) / len(ratios) if ratios else 1.0
+        ratio = per_output(records[:saved], router)
         waiting = [n + round(a * ratio) for n, a in zip(waiting, list(ahead) + [0] * ranks)]
+    needed = sum(max(waiting) - n for n in waiting)
     first, last = min(starts.values()), max(starts.values())
     if last - first > _EVENING_LIMIT:
-        return {}
+        return {}, waiting, needed
     plain = deal.split(units, starts)
     moved: dict[int, int] = {}
-    for index in range(first, last + _EVENING_LIMIT):
+    stop = last + _EVENING_LIMIT if end is None else min(end, last + _EVENING_LIMIT)
+    for index in range(first, stop):
         if index >= last and max(waiting) == min(waiting):
             break
         parent = deal.unit(index)
@@ -116,7 +167,7 @@ def _evening(deal: Deal, router: str, starts: Mapping[int, int], records: list[S
                 continue
             moved[index] = options[0]
         waiting[rank] += 1
-    return moved
+    return moved, waiting, needed
 
 
 def _ended_like(parent: ShardState | None, sub: int) -> ShardState | None:
@@ -167,10 +218,32 @@ def _split_copy(copy: UpstreamState, saved: int, units: int, starts: Mapping[str
 
 
 def _inputs_per_output(record: ShardState, router: str) -> float:
-    """How many samples of the sharding point a unit's output took, on average so far."""
-    read = record.read_from(router)
+    """How many samples of the sharding point a unit's output took, on average so far (those
+    still held in its buffers left out)."""
+    read = record.read_from(router) - _held(record, router)
     produced = record.produced
-    return read / produced if isinstance(produced, int) and produced > 0 and read else 1.0
+    return read / produced if isinstance(produced, int) and produced > 0 and read > 0 else 1.0
+
+
+def per_output(records: Sequence[ShardState | None], router: str) -> float:
+    """How many samples of the sharding point an output took, on average over the units that produced some."""
+    ratios = [_inputs_per_output(r, router) for r in records if r is not None and r.produced]
+    return sum(ratios) / len(ratios) if ratios else 1.0
+
+
+def _held(record: ShardState, router: str) -> float:
+    """Samples of the sharding point that a unit had read and still holds in the buffers of the
+    pipes between it and the sharding point (a ``shuffle``'s buffer, a ``batch`` being filled),
+    each buffered item counted as the samples of the sharding point its pipe's input took."""
+    read = record.read_from(router)
+    chain = sorted((p for p in record.nodes if router.startswith(p + "/")), key=len) + [router]
+    held = 0.0
+    for path, source in zip(chain, chain[1:]):
+        node, below = record.nodes[path], record.nodes.get(source)
+        if node.buffered:
+            took = below.yielded if below is not None else None
+            held += node.buffered * (read / took if took else 1.0)
+    return held
 
 
 def _hand_over(copies: list[UpstreamState]) -> None:

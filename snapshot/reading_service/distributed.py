@@ -40,6 +40,7 @@ from snapshot.errors import RankError, ShardingError
 from snapshot.reading_service._even import FIRST, EvenBatches, First, deal, saved_first, saved_last
 from snapshot.reading_service._sharded import ShardedService, resolve_logical_shards
 from snapshot.reading_service._split import epoch_units, restore_units
+from snapshot.reading_service._uneven import check_even_rest, sharding_lengths
 from snapshot.reading_service._worker_reset import same_layout_problems
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint, as_record
 from snapshot.reading_service.in_process import InProcessReadingService
@@ -270,9 +271,13 @@ class DistributedReadingService(ReadingServiceInterface):
         first = saved_first(state, collective.rank, collective.world)
         if self._pending_first:
             first += deal(self._pending_first, collective.rank, collective.world)
-            self._pending_first = []
         ahead = collective.all_gather(len(first), "agreeing on the samples handed out before the stream") \
             if saved_ranks != collective.world else [len(first)] * collective.world
+        if self.even_batches is not None and saved_ranks != collective.world:
+            graph = self.executor._graph or Graph(datapipe)
+            check_even_rest(state, units, collective.world, ahead, self.even_batches,
+                            sharding_lengths(graph, analyze(graph)))  # refused: nothing changed
+        self._pending_first = []
         self.executor.restore(datapipe, state, strategy=strategy, shards=self.owned(units), units=units,
                               ranks=collective.world, ahead=ahead)
         self._even, self._resume_last, self._first = None, saved_last(state, collective.rank), first

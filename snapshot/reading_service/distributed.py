@@ -17,7 +17,8 @@ Ranks end every epoch together by default (``even_batches="drop"``): shares can 
 sample, by whole files when the sharding point deals files, after a ``filter`` or a restore onto
 another number of ranks), and a collective after the loop (a DDP step, a barrier) would otherwise
 wait for a rank that is still reading. When a rank runs out, the ranks share what is left (see
-:mod:`._even`), so fewer than R samples are dropped (or, with ``"pad"``, repeated) in an epoch.
+:mod:`snapshot.reading_service._ranks.even`), so fewer than R samples are dropped (or, with
+``"pad"``, repeated) in an epoch.
 The policy in force is recorded in the snapshot's layout.
 
 Every collective runs on a gloo group created with ``timeout``; a rank that dies or hangs turns
@@ -31,7 +32,6 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from snapshot import schema
@@ -40,7 +40,8 @@ from snapshot.engine.plan import RestoreStrategy
 from snapshot.engine.randomness import SeedGenerator
 from snapshot.engine.sharding import analyze
 from snapshot.errors import RankError, ShardingError
-from snapshot.reading_service._even import (
+from snapshot.reading_service._ranks.collective import Collective
+from snapshot.reading_service._ranks.even import (
     FIRST,
     EvenBatches,
     First,
@@ -50,8 +51,8 @@ from snapshot.reading_service._even import (
     saved_last,
     saved_sharing,
 )
-from snapshot.reading_service._sharded import ShardedService, resolve_logical_shards
-from snapshot.reading_service._worker_reset import same_layout_problems
+from snapshot.reading_service._shards.service import ShardedService, resolve_logical_shards
+from snapshot.reading_service._workers.reset import same_layout_problems
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint, as_record
 from snapshot.reading_service.in_process import InProcessReadingService
 from snapshot.reading_service.reshard import ReshardPlan, SavedLayout, epoch_units, plan_restore
@@ -64,58 +65,6 @@ __all__ = ["Collective", "DistributedReadingService"]
 EVEN_BATCHES = ("drop", "pad", None)
 
 _log = logging.getLogger(__name__)
-
-
-class Collective:
-    """The loader's collective operations on its own gloo group, with a timeout."""
-
-    def __init__(self, group: Any, rank: int, world: int, timeout: float):
-        self.group = group
-        self.rank = rank
-        self.world = world
-        self.timeout = timeout
-
-    def _run(self, what: str, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except (RuntimeError, dist.DistBackendError) as exc:
-            raise RankError(
-                f"rank {self.rank} of {self.world}: {what} failed: another rank died, hung for more than "
-                f"{self.timeout:g} s, or left the group ({type(exc).__name__}: {str(exc).splitlines()[0]}). "
-                "Stop every rank and restore from the last complete snapshot."
-            ) from exc
-
-    def all_gather(self, value: Any, what: str) -> list[Any]:
-        out: list[Any] = [None] * self.world
-        self._run(what, lambda: dist.all_gather_object(out, value, group=self.group))
-        return out
-
-    def broadcast(self, value: Any, what: str) -> Any:
-        box = [value if self.rank == 0 else None]
-        self._run(what, lambda: dist.broadcast_object_list(box, src=0, group=self.group))
-        return box[0]
-
-    def all_reduce_min(self, value: int, what: str) -> int:
-        tensor = torch.tensor([value], dtype=torch.int64)
-        self._run(what, lambda: dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=self.group))
-        return int(tensor.item())
-
-    def all_gather_ints(self, values: list[int], what: str) -> list[list[int]]:
-        tensor = torch.tensor(values, dtype=torch.int64)
-        out = [torch.empty_like(tensor) for _ in range(self.world)]
-        self._run(what, lambda: dist.all_gather(out, tensor, group=self.group))
-        return [[int(v) for v in t.tolist()] for t in out]
-
-    def send(self, value: Any, rank: int, what: str) -> None:
-        self._run(what, lambda: dist.send_object_list([value], dst=rank, group=self.group))
-
-    def receive(self, rank: int, what: str) -> Any:
-        box: list[Any] = [None]
-        self._run(what, lambda: dist.recv_object_list(box, src=rank, group=self.group))
-        return box[0]
-
-    def barrier(self, what: str) -> None:
-        self.all_gather(None, what)
 
 
 class DistributedReadingService(ReadingServiceInterface):

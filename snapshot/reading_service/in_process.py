@@ -11,7 +11,7 @@ from snapshot.engine.graph import Graph
 from snapshot.engine.randomness import SeedGenerator
 from snapshot.engine.sharding import Topology, WorkerInfo
 from snapshot.reading_service._rng import GlobalRNG
-from snapshot.reading_service._sharded import Executor, LocalExecutor, ShardedService, resolve_logical_shards
+from snapshot.reading_service._shards.service import Executor, LocalExecutor, ShardedService, resolve_logical_shards
 
 __all__ = ["InProcessReadingService", "resolve_logical_shards"]
 

@@ -6,7 +6,7 @@ point plus one copy of the part below it per owned shard. The main process takes
 the shards in a fixed round-robin order, so for a fixed seed and L the stream is the same
 in-process and with any number of workers up to L. The part above a
 ``sharding_round_robin_dispatch`` is not copied: it runs once, in the main process, which
-deals its samples to the workers' shards (see :mod:`._dispatch`).
+deals its samples to the workers' shards (see :mod:`snapshot.reading_service._shards.dispatch`).
 
 A snapshot is exact while workers run ahead: each worker reports its state between two
 samples (it is paused only for that), and the samples it had produced that the loader has
@@ -29,11 +29,11 @@ from snapshot.container import _serialization
 from snapshot.engine.graph import Graph
 from snapshot.engine.sharding import Topology, WorkerInfo, analyze
 from snapshot.errors import LayoutError
-from snapshot.reading_service._dispatch import Dispatcher
-from snapshot.reading_service._pool import WorkerPool
 from snapshot.reading_service._rng import GlobalRNG
-from snapshot.reading_service._sharded import Executor, LocalExecutor, ShardedService
-from snapshot.reading_service._worker_reset import RESET_FN, callable_name
+from snapshot.reading_service._shards.dispatch import Dispatcher
+from snapshot.reading_service._shards.service import Executor, LocalExecutor, ShardedService
+from snapshot.reading_service._workers.pool import WorkerPool
+from snapshot.reading_service._workers.reset import RESET_FN, callable_name
 
 __all__ = ["MultiProcessingReadingService"]
 

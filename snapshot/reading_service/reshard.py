@@ -7,7 +7,7 @@ changes. For each rank of the target it says
 - the units it runs (logical shards, or the sub-shards they are split into: an epoch's samples are
   dealt at the sharding point to ``M`` units, and rank ``r`` runs the units ``u`` with
   ``u % R' == r``; when R' does not divide the saved ``M``, each unit is split into
-  ``lcm(M, R') / M`` sub-shards from where it stood, see :mod:`snapshot.reading_service._split`),
+  ``lcm(M, R') / M`` sub-shards from where it stood, see :mod:`snapshot.reading_service._shards.split`),
   and which of its workers runs each;
 - which saved units it continues (their state is in the part of the rank that ran them) and which
   are new sub-shards (they start from their parent's position, with no state of their own);
@@ -18,7 +18,7 @@ changes. For each rank of the target it says
 - or why the restore is refused.
 
 What an equalizing policy drops or repeats is not predicted here: it is counted as the samples are
-read (see :mod:`snapshot.reading_service._even`): fewer than R' an epoch, whatever the plan.
+read (see :mod:`snapshot.reading_service._ranks.even`): fewer than R' an epoch, whatever the plan.
 
 This module imports no torch: ``snapshot inspect --plan-for`` prints a plan from a file's manifest.
 """
@@ -94,17 +94,18 @@ class SavedLayout:
         rank read, has the layout, the owners and each rank's handout and end whatever parts were read."""
         layout = schema.ServiceLayout.from_dict({"name": state.service, **state.layout}, "state.service.layout")
         units = state.units
-        records = [r.handout for r in state.ranks] if state.ranks else [layout.extra.get(schema.HANDOUT)]
+        handouts = tuple(_handout(h) for h in ([r.handout for r in state.ranks] if state.ranks
+                                               else [layout.extra.get(schema.HANDOUT)]))
         shards = list(state.shards) + [None] * (units - len(state.shards))
         if state.ranks:
             finished = all(r.epoch_finished for r in state.ranks)
         else:  # one process: every unit taken to its end, or the policy ended the epoch
             taken = [s.taken_all for s in shards if s is not None]
-            finished = bool(taken) and all(taken) or bool((state.even_batches or {}).get("ended"))
+            finished = bool(taken) and all(taken) or handouts[0].ended
         return cls(
             logical_shards=state.logical_shards, units=units, ranks=state.world, workers=state.workers,
             owners=_owner_ranks(layout.owners, units), finished=finished,
-            handouts=tuple(_handout(h) for h in records),
+            handouts=handouts,
             in_flight=tuple(None if s is None else len(s.in_flight) for s in shards),
             buffered=tuple(None if s is None else sum(n.buffered for n in s.nodes.values()) for s in shards))
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from snapshot.engine.plan import RestoreStrategy
 from snapshot.engine.randomness import SeedGenerator
-from snapshot.reading_service._sharded import ShardedService
+from snapshot.reading_service._shards.service import ShardedService
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint
 from snapshot.reading_service.distributed import DistributedReadingService
 

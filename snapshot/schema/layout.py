@@ -134,7 +134,7 @@ class Handout:
     """What a rank hands out besides its shards' streams, counted (the values are in its part): samples
     to yield before its restored stream (``first``), samples it had read to share with ranks that ran
     out (``spare``), whether the ranks were sharing the rest of the epoch, and whether the equalizing
-    policy had ended it (``reading_service._even``)."""
+    policy had ended it (``reading_service._ranks.even``)."""
 
     first: int = 0
     spare: int = 0

@@ -33,9 +33,9 @@ class RankServiceState:
     VERSION: ClassVar[int] = 1
 
     rank: int
-    #: That rank's merge position (``reading_service._merge.RoundRobin.state()``; ``None``: its part was not read).
+    #: That rank's merge position (``reading_service._shards.merge.RoundRobin.state()``; ``None``: not read).
     merge: Any = None
-    #: That rank's ``even_batches`` record (``reading_service._even``; ``None``: its part was not read).
+    #: That rank's ``even_batches`` record (``reading_service._ranks.even``; ``None``: its part was not read).
     even_batches: Any = None
     #: What it hands out besides its stream, counted (from the index: known for every rank).
     handout: Handout | None = None
@@ -78,11 +78,11 @@ class ServiceState:
     shards: list[ShardState | None]
     upstream: list[UpstreamState] = field(default_factory=list)
     seeds: SeedsState | None = None
-    #: Where the round robin over the shards stands (``reading_service._merge.RoundRobin.state()``).
+    #: Where the round robin over the shards stands (``reading_service._shards.merge.RoundRobin.state()``).
     merge: Any = None
-    #: ``DistributedReadingService``'s even-batches record (``reading_service._even``).
+    #: ``DistributedReadingService``'s even-batches record (``reading_service._ranks.even``).
     even_batches: Any = None
-    #: The part below a non-replicable pipe (``reading_service._tail.Tail.capture()``).
+    #: The part below a non-replicable pipe (``reading_service._shards.tail.Tail.capture()``).
     tail: TailState | None = None
     ranks: list[RankServiceState] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)

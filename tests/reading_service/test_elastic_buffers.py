@@ -2,10 +2,10 @@
 
 The shuffle is below the sharding point, so each logical shard has its own 200-sample buffer,
 saved full in the middle of the epoch. On another number of ranks the shards are split into
-sub-shards (:mod:`snapshot.reading_service._split`) and a buffer stays with its shard's rank, so
+sub-shards (:mod:`snapshot.reading_service._shards.split`) and a buffer stays with its shard's rank, so
 the ranks' shares of the rest of the epoch can differ by hundreds of samples. The equalizing
 policy counts them as they are read: when a rank runs out, the ranks share what is left (see
-:mod:`snapshot.reading_service._even`), so ``"drop"`` loses and ``"pad"`` repeats fewer than R'
+:mod:`snapshot.reading_service._ranks.even`), so ``"drop"`` loses and ``"pad"`` repeats fewer than R'
 samples, near the end of the epoch too, and ``even_batches=None`` yields every sample exactly
 once. The next epoch is split afresh: whole and even.
 """

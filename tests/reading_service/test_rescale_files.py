@@ -3,7 +3,7 @@
 The sharding point sits above the file opener, so one unit of the deal is a whole file of
 hundreds of samples: the ranks' shares of an epoch differ by whole files whenever the files do
 not divide among them, and no ratio predicts by how much. The equalizing policy counts instead:
-when a rank runs out, the ranks share what is left (see ``snapshot.reading_service._even``), so
+when a rank runs out, the ranks share what is left (see ``snapshot.reading_service._ranks.even``), so
 every rank yields as many batches and fewer than R batches of the epoch are dropped, in the rest
 of the interrupted epoch and in every later one. Each check compares multisets of sample ids with
 what the whole epoch holds, never lengths alone.

@@ -20,13 +20,13 @@ from snapshot.engine.plan import RestoreStrategy
 from snapshot.engine.randomness import EpochSeeds, SeedGenerator, epoch_seeds
 from snapshot.engine.sharding import Topology, WorkerInfo, analyze
 from snapshot.errors import LayoutError, ShardingError
-from snapshot.reading_service._engine import EngineState, ShardEngine
-from snapshot.reading_service._merge import RoundRobin, merge_state_for, service_state
-from snapshot.reading_service._recombine import parts, recombine
 from snapshot.reading_service._rng import GlobalRNG
-from snapshot.reading_service._split import split
-from snapshot.reading_service._tail import Tail, check_restarted
-from snapshot.reading_service._worker_reset import same_layout_problems
+from snapshot.reading_service._shards.engine import EngineState, ShardEngine
+from snapshot.reading_service._shards.merge import RoundRobin, merge_state_for, service_state
+from snapshot.reading_service._shards.recombine import parts, recombine
+from snapshot.reading_service._shards.split import split
+from snapshot.reading_service._shards.tail import Tail, check_restarted
+from snapshot.reading_service._workers.reset import same_layout_problems
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint, as_record
 from snapshot.reading_service.reshard import ReshardPlan, SavedLayout, plan_restore
 from snapshot.schema import ServiceState
@@ -249,13 +249,13 @@ class ShardedService(ReadingServiceInterface):
         return problems
 
     def reset_layout(self) -> dict[str, Any] | None:
-        """The ``worker_reset_fn`` a restore would call, if any (see :mod:`._worker_reset`)."""
+        """The ``worker_reset_fn`` a restore would call, if any (see :mod:`snapshot.reading_service._workers.reset`)."""
         return None
 
     def restore(self, datapipe: Any, state: ServiceCheckpoint | ServiceState | None, *,
                 strategy: Any = RestoreStrategy.AUTO, plan: ReshardPlan | None = None, rank: int = 0) -> _Output:
         """Continue from ``state``, running what ``plan`` gives rank ``rank`` (default: this service's own
-        plan, every unit): the saved units, or sub-shards of them (see :mod:`._split`)."""
+        plan, every unit): the saved units, or sub-shards of them (see :mod:`.split`)."""
         state = as_record(state) if state else None
         if state is None:
             if self._executor is None:

@@ -1,7 +1,7 @@
 """Sub-shards: the units a logical shard is split into when ranks cannot share whole shards.
 
 An epoch's samples are dealt to *units* at the sharding point: sample ``i`` to unit
-``i % M`` (see :class:`~snapshot.reading_service._routing.Deal`), and rank ``r`` of ``R`` runs
+``i % M`` (see :class:`~snapshot.reading_service._shards.routing.Deal`), and rank ``r`` of ``R`` runs
 the units ``u`` with ``u % R == r``. With ``M = L`` (the logical shards) whenever ``R`` divides
 ``L``, this is the stream every fixed layout reads. When it does not, the epoch uses
 ``M = lcm(L, R)`` units: unit ``u`` is a sub-shard of logical shard ``u % L``, whose part below
@@ -21,8 +21,8 @@ from typing import Any
 
 from snapshot.engine.sharding import Topology
 from snapshot.errors import LayoutError
-from snapshot.reading_service._reread import check_one_pass
-from snapshot.reading_service._routing import Deal
+from snapshot.reading_service._shards.reread import check_one_pass
+from snapshot.reading_service._shards.routing import Deal
 from snapshot.schema import ServiceState, ShardState, UpstreamState
 
 __all__ = ["split"]
@@ -36,7 +36,7 @@ def split(state: ServiceState, units: int, topology: Topology, *, finished: bool
     receive the samples of their parent unit that no one had read. Router queues are dealt
     again. Refused where a unit's remaining samples cannot be split at a router. The ranks'
     shares of the rest of the epoch need not be equal: the equalizing policy evens them out as
-    they are read (see :mod:`._even`).
+    they are read (see :mod:`snapshot.reading_service._ranks.even`).
     """
     saved = state.units
     if units % saved:

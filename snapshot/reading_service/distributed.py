@@ -78,7 +78,8 @@ class DistributedReadingService(ReadingServiceInterface):
             have none, and fewer than R samples of the epoch are dropped), ``"pad"`` (the same,
             and ranks left without a sample at the very end repeat their last one: fewer than R
             repeats) or ``None`` (each rank yields its whole share, and ranks may end the epoch
-            after different numbers of samples). Where the shares are equal, ``"drop"`` yields
+            after different numbers of samples: not with DDP's per-step collectives, unless
+            the loop runs under ``torch.distributed.algorithms.Join``). Where the shares are equal, ``"drop"`` yields
             torchdata 0.9's stream; where they are not, 0.9 dropped every rank's rest when the
             first ran out. Each costs one tiny all-reduce per sample, and once a rank has run out
             an all-gather of two numbers per sample and the samples sent.

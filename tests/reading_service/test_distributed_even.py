@@ -317,3 +317,26 @@ def test_under_torchrun_a_collective_after_the_loop_returns(tmp_path, ranks: int
     length = SAMPLES // ranks
     for rank in range(ranks):
         assert f"rank {rank} OK {length} {length}" in proc.stdout, proc.stdout
+
+
+def with_lock(x: int) -> Any:
+    import threading
+
+    return x, threading.Lock()
+
+
+def unpicklable_epoch(rank: int, world: int) -> int:
+    service = snapshot.DistributedReadingService(timeout=300)
+    with snapshot.DataLoader2(lopsided().map(with_lock), reading_service=service) as loader:
+        return len(list(loader))
+
+
+def test_a_sample_that_cannot_be_sent_is_refused_on_both_ranks_at_once() -> None:
+    # rank 1 runs out after 6 samples; rank 0 must send it one of its own, which cannot be pickled.
+    # The loader's group timeout is 300 s: both ranks fail within the harness's 120 s, naming the cause
+    results = run_ranks(2, unpicklable_epoch, pg_timeout=300, timeout=120, allow_errors=True)
+    assert isinstance(results[0], RankFailure) and isinstance(results[1], RankFailure)
+    assert results[0].message.startswith("SerializationError: rank 0 could not send a sample")
+    assert results[1].message.startswith("RankError: rank 0 could not send a sample")
+    for failure in results:
+        assert "cannot be pickled" in failure.message and "even_batches=None" in failure.message

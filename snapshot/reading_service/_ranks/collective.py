@@ -3,13 +3,14 @@ that dies or hangs turns into a :class:`~snapshot.RankError` on the others withi
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from snapshot.errors import RankError
+from snapshot.errors import RankError, SerializationError
 
 __all__ = ["Collective"]
 
@@ -55,12 +56,34 @@ class Collective:
         return [[int(v) for v in t.tolist()] for t in out]
 
     def send(self, value: Any, rank: int, what: str) -> None:
-        self._run(what, lambda: dist.send_object_list([value], dst=rank, group=self.group))
+        """Send ``value`` (pickled) to ``rank``. A value that cannot be pickled is refused here, and
+        ``rank``, which waits for it, is told so (it raises too, at once)."""
+        try:
+            self._run(what, lambda: dist.send_object_list([value], dst=rank, group=self.group))
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            message = f"{type(value).__name__} cannot be pickled ({type(exc).__name__}: {exc})"
+            self._run(what, lambda: dist.send_object_list([_Unsent(self.rank, message)], dst=rank, group=self.group))
+            raise SerializationError(_unsent(self.rank, what, message)) from exc
 
     def receive(self, rank: int, what: str) -> Any:
         box: list[Any] = [None]
         self._run(what, lambda: dist.recv_object_list(box, src=rank, group=self.group))
+        if isinstance(box[0], _Unsent):
+            raise RankError(_unsent(box[0].rank, what, box[0].message))
         return box[0]
+
+
+class _Unsent:
+    """Sent in place of a value that could not be pickled, so that the receiver does not wait for it."""
+
+    def __init__(self, rank: int, message: str):
+        self.rank, self.message = rank, message
+
+
+def _unsent(rank: int, what: str, message: str) -> str:
+    return (f"rank {rank} could not send a sample ({what}): a {message}. The ranks send samples to each other "
+            "when one runs out of its share (even_batches=\"drop\" or \"pad\"): make the samples picklable (read "
+            "file streams into bytes with a map before the end of the graph), or use even_batches=None")
 
     def barrier(self, what: str) -> None:
         self.all_gather(None, what)

@@ -342,6 +342,24 @@ def compare_nodes(saved: list[dict[str, Any]], graph: Graph) -> list[NodeDiff]:
     return diffs
 
 
+def another_pipeline(saved: list[dict[str, Any]], graph: Graph) -> str | None:
+    """When fewer than half of the saved nodes have a node of their type at their path in ``graph``, the
+    sentence that says so, with both graphs' node types from the sink; else ``None``."""
+    same = sum(1 for d in saved if d["path"] in graph.by_path and graph.by_path[d["path"]].type == str(d["type"]))
+    if not saved or 2 * same >= len(saved):
+        return None
+    return (f"the snapshot is of another pipeline ({_types(str(d['type']) for d in saved)}; the graph given here: "
+            f"{_types(node.type for node in graph.nodes)}): of its {len(saved)} nodes, {same} "
+            f"{'is' if same == 1 else 'are'} of the same type at the same place here. Restore it with the pipeline "
+            "that saved it (`snapshot inspect FILE` shows its graph)")
+
+
+def _types(names: Any, limit: int = 12) -> str:
+    """``Batcher ← Mapper ← ...``: short type names, from the sink, in the graph's order."""
+    short = [name.rsplit(".", 1)[-1].removesuffix("IterDataPipe") or "IterDataPipe" for name in names]
+    return " ← ".join(short[:limit]) + (f" ← ... ({len(short) - limit} more)" if len(short) > limit else "")
+
+
 def _code_diffs(desc: dict[str, Any], node: Node) -> list[NodeDiff]:
     """The function arguments of ``node`` whose code differs from the saved fingerprints (those
     made by another Python version cannot be compared, and are skipped)."""

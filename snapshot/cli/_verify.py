@@ -68,7 +68,9 @@ def add_command(commands: Any) -> None:
                                                          "newline is ignored)")
     cmd.add_argument("--graph", metavar="MODULE:FACTORY",
                      help="build the graph with MODULE.FACTORY() (or take the DataPipe MODULE.NAME) "
-                          "and check that it matches the saved graph")
+                          "and check that it matches the saved graph; SCRIPT.py:FACTORY runs a training "
+                          "script as __main__ (without its __main__ block), for a graph whose functions "
+                          "it defines")
     cmd.add_argument("--json", action="store_true", help="print the checks as JSON")
     cmd.set_defaults(run=run)
 

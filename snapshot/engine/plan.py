@@ -100,10 +100,11 @@ def check_graph(saved_nodes: list[dict[str, Any]], graph: Graph,
     listing = "\n".join(str(d) for d in refused[:shown])
     more = f"\n  ... and {len(refused) - shown} more" if len(refused) > shown else ""
     structural = len(refused) - len(changed)
-    head = foreign + f"; the first of its {len(refused)} differences" if foreign else (
-        f"the graph given to the loader does not match the graph in the snapshot ({len(refused)} "
-        f"difference{'s' if len(refused) != 1 else ''})" if structural else
-        f"{len(changed)} function(s) of the graph changed since the snapshot was saved")
+    head = (f"the graph given to the loader does not match the graph in the snapshot: {foreign}; the first "
+            f"{shown} of its {len(refused)} differences" if foreign else
+            f"the graph given to the loader does not match the graph in the snapshot ({len(refused)} "
+            f"difference{'s' if len(refused) != 1 else ''})" if structural else
+            f"{len(changed)} function(s) of the graph changed since the snapshot was saved")
     hints = []
     if changed:
         hints.append("Samples computed by the old and the new code would mix silently, so the restore is refused: "

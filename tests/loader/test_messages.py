@@ -47,12 +47,24 @@ def test_a_snapshot_of_another_pipeline_says_so_first(tmp_path: Path) -> None:
     message = str(raised.value)
     first = message.splitlines()[0]
     assert first == (
-        "the snapshot is of another pipeline (Batcher ← Mapper ← WebDataset ← TarArchiveLoader ← FileOpener ← "
-        "ShardingFilter ← Shuffler ← FileLister ← Mapper ← IterableWrapper; the graph given here: Batcher ← Mapper "
-        "← LineReader ← Decompressor ← FileOpener ← ShardingFilter ← FileLister ← Mapper ← IterableWrapper): of "
-        "its 10 nodes, 2 are of the same type at the same place here. Restore it with the pipeline that saved it "
-        "(`snapshot inspect FILE` shows its graph); the first of its 14 differences:")
+        "the graph given to the loader does not match the graph in the snapshot: the snapshot is of another "
+        "pipeline (its graph: Batcher ← Mapper ← WebDataset ← TarArchiveLoader ← FileOpener ← ShardingFilter ← "
+        "Shuffler ← FileLister ← Mapper ← IterableWrapper; this one: Batcher ← Mapper ← LineReader ← Decompressor "
+        "← FileOpener ← ShardingFilter ← FileLister ← Mapper ← IterableWrapper): of its 10 nodes, 2 are of the "
+        "same type at the same place here. Restore it with the pipeline that saved it (`snapshot inspect FILE` "
+        "shows its graph); the first 5 of its 14 differences:")
     assert message.count("  at ") == 5 and "  ... and " in message          # a few differences, then a count
+
+
+def test_a_batch_added_at_the_sink_is_not_another_pipeline() -> None:
+    """Every path moves down one edge, but the saved nodes are all there: a change, not a stranger."""
+    saved = snapshot.DataLoader2(IterableWrapper(range(20)).map(graphs.double)).save_snapshot()
+    with snapshot.DataLoader2(IterableWrapper(range(20)).map(graphs.double).batch(2)) as loader, \
+            pytest.raises(snapshot.GraphMismatchError) as raised:
+        loader.restore_snapshot(saved)
+    assert str(raised.value).startswith("the graph given to the loader does not match the graph in the snapshot "
+                                        "(3 differences):")
+    assert "another pipeline" not in str(raised.value)
 
 
 def test_a_graph_that_differs_in_one_place_lists_it_as_before() -> None:

@@ -1,6 +1,6 @@
 """The snapshot command: look inside, compare, check and draw snapshot files.
 
-    snapshot inspect FILE [--json] [--full-paths]
+    snapshot inspect FILE [--json] [--full-paths] [--plan-for RANKS[xWORKERS]]
     snapshot diff A B [--json]
     snapshot verify FILE [--key KEY | --key-file PATH]
                          [--graph MODULE:FACTORY | SCRIPT.py:FACTORY] [--json]

@@ -6,11 +6,21 @@
 
 Each rank trains a small model with ``DistributedDataParallel`` (gloo, CPU) on its share of a
 sharded DataPipe graph, read through ``snapshot.DistributedReadingService``. Every
-``SAVE_EVERY`` steps the ranks checkpoint the model, the optimizer and the loader together:
-``loader.state_dict()`` is collective (every rank calls it, and every rank gets every rank's
-part), and rank 0 writes one file atomically. A run started when the checkpoint exists
-resumes from it, on any number of ranks (when it does not divide ``LOGICAL_SHARDS``, the
-logical shards are split into sub-shards, so the ranks' shares stay equal).
+``SAVE_EVERY`` steps the ranks save one checkpoint, a directory ``WORKDIR/ckpt/step-NNNNNN/``
+(numbered by the steps trained so far) that holds the model and the optimizer (``model.pt``,
+written by rank 0) and the data position (``data.snap``, saved by every rank, with the epoch
+and the steps as its ``metadata``). Both are
+written into a hidden staging directory, which rank 0 then renames into place: the rename is
+the commit, so a checkpoint is complete (both files) or absent, whenever the job dies
+(``--crash-between STEP`` kills rank 0 after the data snapshot of that step, before the
+model). Only the ``KEEP_LAST`` newest checkpoints are kept, each removed whole. A run started
+when a checkpoint exists resumes from the newest, on any number of ranks (when it does not
+divide ``LOGICAL_SHARDS``, the logical shards are split into sub-shards, so the ranks' shares
+stay equal).
+
+(The other way to keep them together is one file or one ``torch.distributed.checkpoint``
+directory that holds both: ``{"model": ..., "data": loader.state_dict()}``. It gathers every
+rank's data position on every rank, where ``save_snapshot`` writes each rank's part once.)
 
 Every rank logs the sample ids of each step to ``WORKDIR/log-<run>-rank<r>.jsonl``;
 ``--check`` reads the logs and proves that, over the crashed run (up to its last checkpoint)
@@ -25,6 +35,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -46,6 +57,7 @@ SEED = 2024
 #: is dealt to lcm(6, ranks) sub-shards, so every rank still gets an equal share.
 LOGICAL_SHARDS = 6
 SAVE_EVERY = 6
+KEEP_LAST = 3
 
 
 def make_sample(i: int) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -73,21 +85,68 @@ def init_process_group() -> None:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
 
 
-def train(workdir: str, crash_at: int | None) -> None:
+def checkpoints(ckpt: str) -> list[str]:
+    """The committed checkpoints in ``ckpt``, oldest first (fixed-width step numbers sort in order;
+    a staging directory is hidden, so it is never one of them)."""
+    return sorted(glob.glob(os.path.join(ckpt, "step-" + "[0-9]" * 6)))
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(ckpt: str, progress: dict[str, int], model: Any, optimizer: Any, loader: Any,
+                    crash_between: bool = False) -> str:
+    """The model and the data position as one checkpoint, ``ckpt/step-NNNNNN/`` (``progress["total"]``,
+    the steps trained so far): complete or absent.
+
+    Collective: every rank calls it at the same step. Every rank writes its part of ``data.snap``
+    (with ``progress`` as its metadata) into a hidden staging directory, rank 0 writes ``model.pt``
+    beside it and then renames the directory into place (the commit), and removes the checkpoints
+    beyond ``KEEP_LAST``, each whole.
+    """
+    rank, name = dist.get_rank(), f"step-{progress['total']:06d}"
+    staging, final = os.path.join(ckpt, f".{name}.tmp"), os.path.join(ckpt, name)
+    if rank == 0:
+        shutil.rmtree(staging, ignore_errors=True)     # left by a job that died while saving
+    dist.barrier()
+    loader.save_snapshot(os.path.join(staging, "data.snap"), metadata=progress)  # every rank
+    if rank == 0:
+        if crash_between:
+            os.kill(os.getpid(), signal.SIGKILL)       # the data is written, the model is not
+        model_file = os.path.join(staging, "model.pt")
+        torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict()}, model_file)
+        _fsync(model_file)
+        os.rename(staging, final)                      # the commit: both files, or neither
+        _fsync(ckpt)
+        for old in checkpoints(ckpt)[:-KEEP_LAST]:     # rotation keeps pairs: a whole directory goes
+            hidden = os.path.join(ckpt, f".{os.path.basename(old)}.old")
+            os.rename(old, hidden)
+            shutil.rmtree(hidden)
+    dist.barrier()
+    return final
+
+
+def train(workdir: str, crash_at: int | None, crash_between: int | None = None) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
-    checkpoint = os.path.join(workdir, "checkpoint.pt")
+    ckpt = os.path.join(workdir, "ckpt")
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     service = snapshot.DistributedReadingService(timeout=120, logical_shards=LOGICAL_SHARDS)
     loader = snapshot.DataLoader2(build_graph(), reading_service=service)
-    start_epoch, step = 0, 0
-    if os.path.exists(checkpoint):
-        saved = torch.load(checkpoint, weights_only=True)
+    start_epoch, step, total = 0, 0, 0
+    found = checkpoints(ckpt)
+    if found:
+        saved = torch.load(os.path.join(found[-1], "model.pt"), weights_only=True)
         model.module.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
-        start_epoch, step = saved["epoch"], saved["step"]
-        loader.load_state_dict(saved["data"])      # refused before reading if the layout cannot work
+        data = loader.restore_snapshot(os.path.join(found[-1], "data.snap"))  # refused before reading if
+        start_epoch, step, total = data.metadata["epoch"], data.metadata["step"], data.metadata["total"]
         run = "resumed"
     else:
         loader.seed(SEED)
@@ -103,19 +162,15 @@ def train(workdir: str, crash_at: int | None) -> None:
                 loss = torch.nn.functional.binary_cross_entropy_with_logits(model(x).squeeze(1), y)
                 loss.backward()                      # gradients are averaged over the ranks
                 optimizer.step()
-                step += 1
+                step, total = step + 1, total + 1
                 log.write(json.dumps({"epoch": epoch, "step": step, "ids": ids.tolist()}) + "\n")
                 log.flush()
                 if step % SAVE_EVERY == 0:
-                    data = loader.state_dict()       # collective: on every rank
+                    save_checkpoint(ckpt, {"epoch": epoch, "step": step, "total": total}, model, optimizer, loader,
+                                    crash_between=(epoch, step) == (0, crash_between))
                     if rank == 0:
-                        state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
-                                 "epoch": epoch, "step": step, "data": data}
-                        torch.save(state, checkpoint + ".tmp")
-                        os.replace(checkpoint + ".tmp", checkpoint)        # atomic
                         log.write(json.dumps({"checkpoint": [epoch, step]}) + "\n")
                         log.flush()
-                    dist.barrier()
                 if crash_at is not None and (epoch, step) == (0, crash_at) and rank == 0:
                     os.kill(os.getpid(), signal.SIGKILL)   # no clean-up; torchrun stops the other ranks
     loader.shutdown()
@@ -131,8 +186,8 @@ def check(workdir: str) -> bool:
         return out
 
     first, resumed = records("first"), records("resumed")
-    checkpoints = [tuple(r["checkpoint"]) for r in first if "checkpoint" in r]
-    last = checkpoints[-1] if resumed else (EPOCHS, 0)
+    committed = [tuple(r["checkpoint"]) for r in first if "checkpoint" in r]
+    last = committed[-1] if resumed else (EPOCHS, 0)
     counts: dict[int, Counter[int]] = {epoch: Counter() for epoch in range(EPOCHS)}
     for r in first:
         if "ids" in r and (r["epoch"], r["step"]) <= last:
@@ -154,6 +209,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("workdir")
     parser.add_argument("--crash-at", type=int, help="kill rank 0 after this step of epoch 0")
+    parser.add_argument("--crash-between", type=int, metavar="STEP",
+                        help="kill rank 0 while it saves the checkpoint of this step of epoch 0, after the data "
+                             "snapshot and before the model")
     parser.add_argument("--check", action="store_true", help="check the logs; no training")
     args = parser.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
@@ -161,7 +219,7 @@ def main() -> None:
         sys.exit(0 if check(args.workdir) else 1)
     init_process_group()
     try:
-        train(args.workdir, args.crash_at)
+        train(args.workdir, args.crash_at, args.crash_between)
     finally:
         dist.destroy_process_group()
 

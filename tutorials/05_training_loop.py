@@ -12,11 +12,12 @@
 # ---
 
 # %% [markdown]
-# # 05 · A training loop that survives a crash, with accelerate
+# # 05 · A training loop that survives a crash, with accelerate or without
 #
 # A training script built on Hugging Face accelerate checkpoints everything with
 # `accelerator.save_state()`: the model, the optimizer, the random generators and, registered
-# beside them, the `snapshot.DataLoader2` that feeds it. This notebook:
+# beside them, the `snapshot.DataLoader2` that feeds it. A loop of your own saves the step in
+# the data snapshot and the model beside it, as one checkpoint (the last part). This notebook:
 #
 # 1. writes the script: a small regression, fed by a DataPipe graph read by two worker
 #    processes, with a checkpoint every 10 steps;
@@ -25,7 +26,9 @@
 #    starts it once more, as a job scheduler would;
 # 4. checks that the restarted job picked up at step 20, trained on exactly the batches of
 #    the uninterrupted run from there on (across an epoch boundary, with the next epoch's
-#    shuffle), and ended with bit-for-bit the same weights.
+#    shuffle), and ended with bit-for-bit the same weights;
+# 5. does the same without accelerate: the step in the snapshot's metadata, the model and the
+#    data saved as one checkpoint, and a job killed between the two writes.
 
 # %%
 # %%writefile train.py
@@ -200,6 +203,95 @@ for entry in first_life:                               # the lost steps were the
     assert entry["x"] == reference_steps[entry["step"]]["x"]
 assert weights("runs/job") == weights("runs/reference")
 print("steps 21-40 after the restart: same batches, same losses; same final weights")
+
+# %% [markdown]
+# ## Without accelerate: the step in the snapshot, the model beside it
+#
+# A loop of your own saves the same things itself. Two habits make its checkpoints safe:
+#
+# - **the step goes into the data snapshot**, `save_snapshot(..., metadata={"step": step})`,
+#   and comes back from `restore_snapshot(...).metadata`: nothing is parsed back from a file
+#   name, and `snapshot inspect` shows it;
+# - **the model and the data are one checkpoint**: a directory `step-NNNNNN/` holding
+#   `model.pt` and `data.snap`, written under a hidden name and renamed into place. The rename
+#   is the commit, so a job killed between the two writes leaves no half checkpoint, and the
+#   rotation removes whole directories, so the model and the data stay paired. (Across ranks it
+#   is the same, with a barrier: see the distributed how-to, `docs/how-to/distributed.md`.)
+
+# %%
+import glob
+import shutil
+
+import torch
+
+import snapshot
+from train import build_graph
+
+
+def checkpoints(ckpt):
+    """The committed checkpoints, oldest first (a checkpoint being written is hidden)."""
+    return sorted(glob.glob(os.path.join(ckpt, "step-" + "[0-9]" * 6)))
+
+
+def save_checkpoint(ckpt, step, model, optimizer, loader, keep_last=2, crash_between=False):
+    name = f"step-{step:06d}"
+    staging = os.path.join(ckpt, f".{name}.tmp")
+    shutil.rmtree(staging, ignore_errors=True)                 # left by a job killed while saving
+    loader.save_snapshot(os.path.join(staging, "data.snap"), metadata={"step": step})
+    if crash_between:
+        raise SystemExit(f"killed at step {step}, between the two writes")
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, os.path.join(staging, "model.pt"))
+    os.rename(staging, os.path.join(ckpt, name))               # the commit: both, or neither
+    for old in checkpoints(ckpt)[:-keep_last]:                 # whole checkpoints, oldest first
+        os.rename(old, os.path.join(ckpt, f".{os.path.basename(old)}.old"))
+        shutil.rmtree(os.path.join(ckpt, f".{os.path.basename(old)}.old"))
+
+
+def fit(ckpt, steps=40, every=10, crash_between=None):
+    """The regression of train.py, in this process; resumes from the newest checkpoint."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    with snapshot.DataLoader2(build_graph()) as loader:
+        found = checkpoints(ckpt)
+        if found:
+            saved = torch.load(os.path.join(found[-1], "model.pt"), weights_only=True)
+            model.load_state_dict(saved["model"])
+            optimizer.load_state_dict(saved["optimizer"])
+            step = loader.restore_snapshot(os.path.join(found[-1], "data.snap")).metadata["step"]
+            print(f"resumed from {os.path.basename(found[-1])}, step {step}")
+        else:
+            loader.seed(2024)
+            step = 0
+        while step < steps:
+            for x, y in loader:
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                step += 1
+                if step % every == 0:
+                    save_checkpoint(ckpt, step, model, optimizer, loader, crash_between=step == crash_between)
+                if step == steps:
+                    break
+    return [p.detach().flatten().tolist() for p in model.parameters()]
+
+
+plain_reference = fit("runs/plain-reference")
+try:
+    fit("runs/plain", crash_between=30)                       # dies saving step 30
+except SystemExit as death:
+    print(death)
+print(sorted(os.listdir("runs/plain")))                       # step 30's data, no model: not committed
+assert [os.path.basename(c) for c in checkpoints("runs/plain")] == ["step-000010", "step-000020"]
+assert fit("runs/plain") == plain_reference                   # from step 20: its model and its data
+print(snapshot.load("runs/plain/step-000040/data.snap").metadata)
+
+# %% [markdown]
+# The killed job left `.step-000030.tmp` with the data snapshot of step 30 and no model: not a
+# checkpoint, so the restart took step 20, whose model and data belong together, and ended
+# with the uninterrupted run's weights. `snapshot inspect runs/plain/step-000040/data.snap`
+# prints the step under `metadata`.
 
 # %% [markdown]
 # ## With Lightning

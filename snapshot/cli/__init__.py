@@ -1,9 +1,9 @@
 """The snapshot command: look inside, compare, check and draw snapshot files.
 
-    snapshot inspect FILE [--json] [--full-paths]
+    snapshot inspect FILE [--json] [--full-paths] [--plan-for RANKS[xWORKERS]]
     snapshot diff A B [--json]
     snapshot verify FILE [--key KEY | --key-file PATH]
-                         [--graph MODULE:FACTORY] [--json]
+                         [--graph MODULE:FACTORY | SCRIPT.py:FACTORY] [--json]
     snapshot graph FILE [--format dot|svg|png] [-o OUT]
 
 FILE is a snapshot file or a distributed run's directory (its manifest.snap is

@@ -15,12 +15,12 @@ from typing import Any
 from snapshot.cli._exit import EXIT_OK, EXIT_PROBLEM
 from snapshot.cli._inspect import describe_position
 from snapshot.cli._source import read
-from snapshot.cli._text import MAX_LISTED, count, fit, more, table
+from snapshot.cli._text import MAX_LISTED, count, fit, more, path_lines, table, terminal_width
 from snapshot.cli._view import NodeDesc, NodeTotals, View, read_view
 
 __all__ = ["Difference", "add_command", "compare", "render"]
 
-SECTIONS = ("position", "graph", "nodes", "randomness", "layout", "shards", "ranks", "upstream", "plan",
+SECTIONS = ("position", "metadata", "graph", "nodes", "randomness", "layout", "shards", "ranks", "upstream", "plan",
             "versions", "payload")
 _MISSING = "(none)"
 
@@ -161,6 +161,7 @@ def compare(a: View, b: View) -> list[Difference]:
                                 "lookahead": a.lookahead},
                    {"epoch": b.epoch, "yielded": b.yielded, "epoch finished": b.epoch_finished,
                     "lookahead": b.lookahead})
+    out += _mapping("metadata", a.metadata, b.metadata)
     structure = _structure(a, b)
     out += structure
     out += _nodes(a, b, {d.item.split(" ")[0] for d in structure})
@@ -192,11 +193,19 @@ def _progress(a: View, b: View) -> str:
         if delta == 0:
             return f"same position ({describe_position(a)})"
         direction = "ahead of" if delta > 0 else "behind"
-        return (f"B is {count(abs(delta))} samples {direction} A in epoch {a.epoch} "
+        return (f"B is {count(abs(delta))} {a.unit().name} {direction} A in epoch {a.epoch} "
                 f"({count(a.yielded)} → {count(b.yielded)})")
     ahead = (b.epoch, b.epoch_finished, b.yielded) > (a.epoch, a.epoch_finished, a.yielded)
     later = "B is later" if ahead else "B is earlier"
     return f"{later}: A at {describe_position(a)}; B at {describe_position(b)}"
+
+
+def _type(node: NodeDesc | None) -> str:
+    """A node's class, short: ``Shuffler`` for ``ShufflerIterDataPipe``."""
+    if node is None:
+        return "-"
+    name = node.short_type
+    return name[:-len("IterDataPipe")] if name.endswith("IterDataPipe") and name != "IterDataPipe" else name
 
 
 def _node_rows(diffs: list[Difference], a: View, b: View) -> list[list[str]]:
@@ -204,7 +213,7 @@ def _node_rows(diffs: list[Difference], a: View, b: View) -> list[list[str]]:
     rows = []
     for path in dict.fromkeys(d.item for d in diffs):
         fa, fb = _figures(ta.get(path)), _figures(tb.get(path))
-        row = [path]
+        row = [path, _type(a.by_path.get(path))]
         for name in ("yielded", "buffered", "restore", "replay"):
             va, vb = _value(fa.get(name), "-"), _value(fb.get(name), "-")
             row.append(va if va == vb else f"{va} → {vb}")
@@ -214,14 +223,28 @@ def _node_rows(diffs: list[Difference], a: View, b: View) -> list[list[str]]:
     return rows
 
 
+def _node_table(rows: list[list[str]]) -> list[str]:
+    """A row per node (path, type, figures) where that fits the terminal; else each node's path on a
+    line of its own above its type and figures: a path is never cut, so two nodes never read alike."""
+    figures = ["yielded", "change", "buffered", "restore", "replay"]
+    lines = table(["node", "type", *figures], rows, right=[2, 3, 4, 6], width=0)
+    limit = terminal_width()
+    if not limit or max(map(len, lines)) <= limit:
+        return lines
+    stacked = table(["type", *figures], [row[1:] for row in rows], right=[1, 2, 3, 5], indent="    ", width=0)
+    out = ["  node", stacked[0]]
+    for row, line in zip(rows, stacked[1:]):
+        out += [*path_lines(row[0], limit), line]
+    return out
+
+
 def _section_lines(section: str, diffs: list[Difference], a: View, b: View) -> list[str]:
     if section == "position":
         return [f"Position: {_progress(a, b)}"]
     if section == "nodes":
         rows = _node_rows(diffs, a, b)
         return [f"Per-node positions: {len(rows)} node{'s' if len(rows) != 1 else ''} moved",
-                *table(["node", "yielded", "change", "buffered", "restore", "replay"], rows[:MAX_LISTED],
-                       right=[1, 2, 3, 5]), *more(len(rows))]
+                *_node_table(rows[:MAX_LISTED]), *more(len(rows))]
     if section == "graph":
         lines = [f"Graph: {len(diffs)} {'node differs' if len(diffs) == 1 else 'nodes differ'} (fingerprint "
                  f"{a.fingerprint[:16] or '-'} → {b.fingerprint[:16] or '-'}); restoring one snapshot "
@@ -234,7 +257,7 @@ def _section_lines(section: str, diffs: list[Difference], a: View, b: View) -> l
                 f"({_value(d.a)} → {_value(d.b)} bytes)" for d in diffs]
     title = {"randomness": "Randomness", "layout": "Reading service and layout", "shards": "Logical shards",
              "ranks": "Ranks", "upstream": "Above the sharding point", "plan": "Restore plan (auto)",
-             "versions": "Versions"}[section]
+             "versions": "Versions", "metadata": "Metadata (save_snapshot(metadata=...))"}[section]
     rows = [[d.item, _value(d.a), _value(d.b)] for d in diffs[:MAX_LISTED]]
     return [f"{title}:", *table(["", "A", "B"], rows), *more(len(diffs))]
 
@@ -260,7 +283,7 @@ def render(a: View, b: View, diffs: list[Difference]) -> str:
     if list(by_section) == ["payload"]:
         out.append("  The manifests agree, so node states or buffered samples differ.")
     absent = {"nodes"} | (set() if a.upstream or b.upstream else {"upstream"}) | (
-        set() if a.ranks or b.ranks else {"ranks"})
+        set() if a.ranks or b.ranks else {"ranks"}) | (set() if a.metadata or b.metadata else {"metadata"})
     same = [s for s in SECTIONS if s not in by_section and s not in absent]
     out.append(f"Same: {', '.join(same)}" if same else "")
     return "\n".join(out).rstrip()

@@ -8,7 +8,7 @@ from typing import Any
 
 from snapshot.cli._exit import CommandError
 from snapshot.cli._source import read
-from snapshot.cli._text import count, fit, size, table, terminal_width
+from snapshot.cli._text import MAX_LISTED, count, fit, more, size, table, terminal_width
 from snapshot.cli._tree import graph_table
 from snapshot.cli._view import Router, Shard, View, read_view
 from snapshot.container import format as fmt
@@ -75,12 +75,18 @@ def _reshard(manifest: dict[str, Any], source: str, ranks: int, workers: int) ->
     return plan_restore(saved, ranks, workers).describe(limit=None)
 
 
-def describe_position(view: View) -> str:
+def describe_position(view: View, *, below: bool = False) -> str:
+    """``epoch 0, 80 batches yielded``, in the loader's unit; ``below``: with the samples its batcher took."""
     if view.epoch < 0:
         return "not started (before the first epoch)"
-    text = f"epoch {view.epoch}, {count(view.yielded)} samples yielded"
+    unit = view.unit()
+    text = f"epoch {view.epoch}, {count(view.yielded)} {unit.name} yielded"
     if view.epoch_finished:
         text += " (epoch finished)"
+    taken = view.totals().get(unit.source or "")
+    if below and taken is not None and taken.yielded is not None:
+        text += (f"; the batcher at {unit.batcher} has taken {count(taken.yielded)} samples (with those of "
+                 "batches in flight or buffered)")
     return text
 
 
@@ -99,16 +105,37 @@ def _compact(value: Any, width: int = 100) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _shard_list(indices: list[int], total: int) -> str:
+    """``every logical shard``, ``shard 3`` or ``shards 0, 2, 4``."""
+    if len(indices) == total > 1:
+        return "every logical shard"
+    runs: list[list[int]] = []
+    for index in indices:
+        if runs and index == runs[-1][-1] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    text = ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+    return f"shard {text}" if len(indices) == 1 else f"shards {text}"
+
+
 def _plan(view: View) -> list[str]:
+    """The plan once: one line per way the shards are restored (which nodes a restore replays), with the
+    shards it applies to and the samples it replays in all (each shard's under Reading service)."""
     if not view.shards:
         return ["Restore plan: none recorded (the loader had not started)"]
-    lines = []
+    groups: dict[tuple[str, ...], list[int]] = {}
     for shard in view.shards:
-        label = f"shard {shard.index}: " if len(view.shards) > 1 else ""
-        if not shard.drivers:
-            lines.append(f"Restore plan (auto): {label}every node from its state, nothing replayed")
-        for driver in shard.drivers:
-            lines.append(f"Restore plan (auto): {label}replay {count(driver.replay)} samples of {driver.path}")
+        groups.setdefault(tuple(d.path for d in shard.drivers), []).append(shard.index)
+    lines = []
+    for paths, indices in groups.items():
+        where = "" if len(view.shards) == 1 else f", {_shard_list(indices, len(view.shards))}"
+        if not paths:
+            lines.append(f"Restore plan (auto){where}: every node from its state, nothing replayed")
+            continue
+        replay = sum(d.replay for s in view.shards if s.index in indices for d in s.drivers)
+        lines.append(f"Restore plan (auto){where}: replay {count(replay)} samples of {' and '.join(paths)}"
+                     + (" in all" if len(indices) > 1 else ""))
     reasons: dict[str, str] = {}
     for shard in view.shards:
         reasons.update(shard.reasons)
@@ -157,13 +184,7 @@ def _service(view: View) -> list[str]:
         layout = dict(view.layout)
     lines.extend(table(["", ""], [[key, _compact(value)] for key, value in layout.items()])[1:])
     if view.shards:
-        extra = sorted({key for shard in view.shards for key in shard.extra})
-        header = ["shard", "yielded", "in flight", "exhausted", "buffered", "replay", *extra]
-        rows = [[str(s.index), count(s.yielded), count(s.in_flight), "yes" if s.exhausted else "no",
-                 count(_shard_buffered(s)), count(sum(d.replay for d in s.drivers)) if s.drivers else "-",
-                 *(_compact(s.extra[key], 40) if key in s.extra else "-" for key in extra)]
-                for s in view.shards]
-        lines.extend(table(header, rows, right=[1, 2, 4, 5]))
+        lines.extend(_shard_table(view))
     if view.ranks:
         keys = list(dict.fromkeys(key for rank in view.ranks for key in rank if key not in ("rank", "handout")))
         rows = [[_compact(rank.get("rank", i)), *(_cell(rank.get(key)) for key in keys)]
@@ -183,8 +204,69 @@ def _service(view: View) -> list[str]:
                              ", ".join(f"{shard}: {n}" for shard, n in router.queued.items()) if router else "-",
                              *(_compact(copy.extra[key], 40) if key in copy.extra else "-" for key in extra)])
         lines.extend(table(["copy", "feeds shards", "sharding point", "read", "ended", "queued per shard", *extra],
-                           rows, right=[3], keep_ends=[2]))  # a path's end names the node
+                           rows, right=[3], middle=[2]))  # a path's end names the node
     return lines
+
+
+def _shard_table(view: View) -> list[str]:
+    """A row per logical shard: what the loader took from it, in its unit (and, for batches, the samples
+    the shard's batcher took), in flight, exhausted, buffered, replayed, and fields of the service's own."""
+    unit = view.unit()
+    extra = sorted({key for shard in view.shards for key in shard.extra})
+    samples = unit.source is not None and any(unit.source in s.nodes for s in view.shards)
+    header = ["shard", "batches" if unit.batcher else "yielded", *(["samples"] if samples else []), "in flight",
+              "exhausted", "buffered",
+              "replay", *extra]
+    rows = []
+    for s in view.shards:
+        taken = s.nodes.get(unit.source or "")
+        rows.append([str(s.index), count(s.yielded),
+                     *([count(taken.yielded if taken else None)] if samples else []), count(s.in_flight),
+                     "yes" if s.exhausted else "no", count(_shard_buffered(s)),
+                     count(sum(d.replay for d in s.drivers)) if s.drivers else "-",
+                     *(_compact(s.extra[key], 40) if key in s.extra else "-" for key in extra)])
+    shift = 1 if samples else 0
+    return table(header, rows, right=[1, *([2] if samples else []), 2 + shift, 4 + shift, 5 + shift])
+
+
+def _readers(view: View) -> list[str]:
+    """Where each file reader stands (file, member, offset, from the manifest): per reader node, what a
+    restore reads again to put it back, then a row per shard (or copy above the sharding point)."""
+    parts: list[tuple[str, dict[str, str], dict[str, Any]]] = [
+        *((str(s.index), s.rereads, s.nodes) for s in view.shards),
+        *((f"copy {u.index}", {}, u.nodes) for u in view.upstream)]
+    found: dict[str, list[tuple[str, Any, str | None]]] = {}
+    for label, rereads, nodes in parts:
+        for path, position in nodes.items():
+            if position.reading is not None:
+                found.setdefault(path, []).append((label, position, rereads.get(path)))
+    if not found:
+        return []
+    lines = ["Readers: where each file reader stands (--json: the manifest's 'reading' records)"]
+    for path, rows in found.items():
+        node = view.by_path.get(path)
+        name = node.short_type.removesuffix("IterDataPipe") if node is not None else "?"
+        lines.append(f"  {name} at {path}: {_again(rows)}")
+        cells = [[label, p.reading.file, p.reading.member or "-",
+                  f"entry {count(p.reading.entry)}" if p.reading.entry is not None else count(p.reading.offset)]
+                 for label, p, _ in rows]
+        header = ["shard" if view.shards else "copy", "file", "member", "offset"]
+        lines += table(header, cells[:MAX_LISTED], right=[3], indent="    ", middle=[1, 2])
+        lines += more(len(cells), "    ")
+    return [*lines, ""]
+
+
+def _again(rows: list[tuple[str, Any, str | None]]) -> str:
+    """What a restore reads again to put a reader back, from its positions and the plan's ``rereads``."""
+    if all(p.restore == "replay" for _, p, _ in rows):
+        return "replayed with its part of the graph (see Restore plan)"
+    if any(p.reading.inflated for _, p, _ in rows):
+        return ("offsets count decompressed bytes; a restore inflates each current file again from its start up "
+                "to the offset (never the files before it)")
+    if any(reread for _, _, reread in rows):
+        return ("a restore reopens the file and seeks to the offset (a compressed archive is inflated again up "
+                "to it; never the archives before it)")
+    return "a restore reopens the file and seeks to the offset; nothing before it is read again"
 
 
 def _buffers(view: View) -> str:
@@ -250,13 +332,14 @@ def render(view: View, *, full_paths: bool = False) -> str:
              + ("pickled graph included" if view.graph_included else "no pickled graph (rebuild it in code)"))
     graph += summed(view)
     kind = f"distributed snapshot of {len(view.part_files)} parts" if view.part_files else "snapshot"
-    position = describe_position(view)
+    position = describe_position(view, below=True)
     if view.ranks:
         position = f"{position} (the whole run, {len(view.ranks)} ranks; each rank's under Reading service)"
     out = [
         f"{view.source}: {kind}, format {view.format}, created {view.created or 'at an unknown time'}",
         f"  written by  {versions}",
         f"  position    {position}",
+        *([f"  metadata    {_compact(view.metadata, 400)}"] if view.metadata else []),
         "",
         graph,
         *graph_table(view, full_paths=full_paths, width=terminal_width()),
@@ -267,6 +350,7 @@ def render(view: View, *, full_paths: bool = False) -> str:
         "",
         *_service(view),
         "",
+        *_readers(view),
         _buffers(view),
         _verification(view),
         "",

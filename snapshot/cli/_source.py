@@ -13,7 +13,7 @@ from typing import Any
 
 from snapshot.container import format as fmt
 from snapshot.errors import SnapshotFileError
-from snapshot.storage import _sources
+from snapshot.storage import _sources, multipart
 
 __all__ = ["Source", "locate", "part_path", "read"]
 
@@ -31,10 +31,7 @@ def locate(argument: str) -> Source:
     if os.path.isdir(argument):
         manifest = os.path.join(argument, fmt.DIRECTORY_MANIFEST)
         if not os.path.isfile(manifest):
-            raise SnapshotFileError(
-                f"is a directory without {fmt.DIRECTORY_MANIFEST}, so not a distributed snapshot: pass a "
-                "snapshot file, or a directory written by save_snapshot() in a distributed run",
-                source=argument)
+            raise SnapshotFileError(multipart.without_index(argument), source=argument)
         return Source(argument, manifest, argument)
     return Source(argument, argument, None)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from snapshot.cli._text import count, elide, size, table
+from snapshot.cli._text import count, elide, elide_middle, size, table
 from snapshot.cli._view import NodeTotals, View
 
 __all__ = ["FIGURES", "TreeRow", "graph_rows", "graph_table"]
@@ -140,8 +140,8 @@ def _node_lines(row: TreeRow, width: int) -> list[str]:
     first = _INDENT + row.prefix
     room = width - len(first)
     if room < 12:  # a tree deeper than the line is wide: its end is what tells nodes apart
-        text = first + row.name
-        return [text if len(text) <= width else "…" + text[len(text) - width + 1:]]
+        text = first + row.name  # cut in its middle: the tree's start and the node's name stay
+        return [elide_middle(text, width)]
     lines, name = [], row.name
     while len(name) > room:
         cut = name.rfind("/", 0, room)

@@ -8,12 +8,16 @@ payload. A failed check stops the ones that depend on it. Nothing is unpickled; 
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
 import hashlib
 import importlib
 import json
 import os
 import platform
 import sys
+import types
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from typing import Any
@@ -22,7 +26,7 @@ from snapshot import schema
 from snapshot._version import __version__
 from snapshot.cli._exit import EXIT_INVALID, EXIT_OK, EXIT_PROBLEM, CommandError
 from snapshot.cli._source import Source, locate, part_path
-from snapshot.cli._text import MAX_LISTED, count, fit, more
+from snapshot.cli._text import MAX_LISTED, count, fit
 from snapshot.cli._view import PartFile, View, read_view
 from snapshot.container import format as fmt
 from snapshot.errors import CorruptSnapshotError, ManifestError, SignatureError, SnapshotFileError
@@ -64,7 +68,9 @@ def add_command(commands: Any) -> None:
                                                          "newline is ignored)")
     cmd.add_argument("--graph", metavar="MODULE:FACTORY",
                      help="build the graph with MODULE.FACTORY() (or take the DataPipe MODULE.NAME) "
-                          "and check that it matches the saved graph")
+                          "and check that it matches the saved graph; SCRIPT.py:FACTORY runs a training "
+                          "script as __main__ (without its __main__ block), for a graph whose functions "
+                          "it defines")
     cmd.add_argument("--json", action="store_true", help="print the checks as JSON")
     cmd.set_defaults(run=run)
 
@@ -119,16 +125,72 @@ def _minor(version: str) -> str:
 
 
 def load_factory(spec: str) -> Any:
-    """The DataPipe named by ``MODULE:FACTORY`` (called with no arguments) or ``MODULE:NAME``."""
-    module_name, sep, attribute = spec.partition(":")
+    """The DataPipe named by ``MODULE:FACTORY`` (called with no arguments) or ``MODULE:NAME``; or, for
+    ``SCRIPT.py:FACTORY``, by the script run as ``__main__`` is (see :func:`_script`)."""
+    module_name, sep, attribute = spec.rpartition(":")
     if not sep or not module_name or not attribute:
-        raise CommandError(f"--graph {spec!r}: expected MODULE:FACTORY, for example mypkg.data:build_graph")
+        raise CommandError(f"--graph {spec!r}: expected MODULE:FACTORY or SCRIPT.py:FACTORY, for example "
+                           "mypkg.data:build_graph or train.py:build_graph")
+    if module_name.endswith(".py"):
+        with _script(module_name) as script:
+            return _datapipe(spec, script, attribute)
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())  # like `python -m`: modules in the current directory
     try:
-        target: Any = importlib.import_module(module_name)
+        module = importlib.import_module(module_name)
     except Exception as exc:  # any import-time failure is the user's module's, reported as such
         raise CommandError(f"--graph: cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
+    return _datapipe(spec, module, attribute)
+
+
+def _main_guard(test: ast.expr) -> bool:
+    """Whether ``test`` compares ``__name__`` with ``"__main__"`` (alone, or in an ``and``)."""
+    for node in ast.walk(test):
+        if isinstance(node, ast.Compare) and len(node.comparators) == 1:
+            sides = {ast.dump(node.left), ast.dump(node.comparators[0])}
+            if sides == {ast.dump(ast.Name("__name__", ast.Load())), ast.dump(ast.Constant("__main__"))}:
+                return True
+    return False
+
+
+@contextlib.contextmanager
+def _script(path: str) -> Iterator[types.ModuleType]:
+    """The training script at ``path`` as a module named ``__main__``, so that its functions and classes
+    carry the names that a job started as ``python train.py`` (or under torchrun) saved
+    (``__main__.decode``), run without its ``if __name__ == "__main__":`` blocks (which would start the
+    training). Its directory comes first on ``sys.path`` (as for ``python train.py``); both that and
+    ``sys.modules["__main__"]`` are put back when the factory has run."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise CommandError(f"--graph: cannot read the script {path}: {exc}") from exc
+    body: list[ast.stmt] = []
+    for statement in tree.body:
+        guarded = isinstance(statement, ast.If) and _main_guard(statement.test)
+        body.extend(statement.orelse if guarded else [statement])  # type: ignore[attr-defined]
+    tree.body = body
+    module = types.ModuleType("__main__")
+    module.__file__ = os.path.abspath(path)
+    main, search = sys.modules.get("__main__"), list(sys.path)
+    sys.modules["__main__"] = module
+    sys.path.insert(0, os.path.dirname(module.__file__))
+    try:
+        try:
+            exec(compile(tree, path, "exec"), module.__dict__)  # the user's own script, as --graph says
+        except Exception as exc:  # the script's own failure, reported as such
+            raise CommandError(f"--graph: running {path} (without its __main__ block) raised "
+                               f"{type(exc).__name__}: {exc}") from exc
+        yield module
+    finally:
+        sys.path[:] = search
+        if main is not None:
+            sys.modules["__main__"] = main
+
+
+def _datapipe(spec: str, module: types.ModuleType, attribute: str) -> Any:
+    module_name = spec.rpartition(":")[0]
+    target: Any = module
     for name in attribute.split("."):
         if not hasattr(target, name):
             raise CommandError(f"--graph: {module_name!r} has no attribute {attribute!r}")
@@ -148,7 +210,7 @@ def load_factory(spec: str) -> Any:
 
 
 def _graph(view: View, spec: str, datapipe: Any) -> Check:
-    from snapshot.engine.graph import Graph, compare_nodes
+    from snapshot.engine.graph import Graph, another_pipeline, compare_nodes
 
     graph = Graph(datapipe)
     saved = [node.to_dict() for node in view.nodes]
@@ -156,12 +218,32 @@ def _graph(view: View, spec: str, datapipe: Any) -> Check:
     if not diffs:
         return Check("graph", OK, f"{spec} builds the saved graph ({len(graph)} nodes, "
                                   f"fingerprint {graph.fingerprint[:16]})")
+    foreign = another_pipeline(saved, graph)
+    shown = 5 if foreign else MAX_LISTED
     lines = [f"{spec} builds a different graph ({len(diffs)} difference{'s' if len(diffs) != 1 else ''}); "
-             "restore_snapshot() would refuse it:"]
-    for diff in diffs[:MAX_LISTED]:
+             "restore_snapshot() would refuse it" + (f": {foreign}." if foreign else ":")]
+    script = _script_hint(view, spec)
+    if script:
+        lines.append(script)
+    for diff in diffs[:shown]:
         lines += [f"at {diff.path}:", f"  in snapshot: {diff.saved}", f"  in code:     {diff.current}"]
-    return Check("graph", FAIL, "\n".join(lines + more(len(diffs), "")),
+    if len(diffs) > shown:
+        lines.append(f"... and {len(diffs) - shown} more (--json lists every difference)")
+    return Check("graph", FAIL, "\n".join(lines),
                  [{"path": d.path, "saved": d.saved, "current": d.current} for d in diffs])
+
+
+def _script_hint(view: View, spec: str) -> str | None:
+    """Why a graph whose functions were saved as ``__main__.f`` cannot match one imported as a module,
+    and what to pass instead; ``None`` when the saved graph names nothing of ``__main__``."""
+    module = spec.rpartition(":")[0]
+    named = any("__main__." in text for node in view.nodes for text in (node.type, *node.args.values()))
+    if not named or module.endswith(".py"):
+        return None
+    return (f"The snapshot's graph was built by a script run as __main__ (python train.py, torchrun): its "
+            f"functions and classes are saved as __main__.NAME, and importing {module} names them {module}.NAME. "
+            f"Pass the script's path instead, --graph {module.replace('.', os.sep)}.py:"
+            f"{spec.rpartition(':')[2]}: it is run as __main__ without its `if __name__ == \"__main__\":` block.")
 
 
 def _signature(container: fmt.Container, key_source: str | None) -> Check:

@@ -17,10 +17,15 @@ from typing import Any
 from snapshot import schema
 from snapshot.schema import Driver, NodeDesc, PartRecord, RouterPosition
 
-__all__ = ["Driver", "NodeDesc", "NodeTotals", "PartFile", "Position", "Router", "Shard", "Upstream", "View",
+__all__ = ["Driver", "NodeDesc", "NodeTotals", "PartFile", "Position", "Router", "Shard", "Unit", "Upstream", "View",
            "read_view"]
 
 _REPLAY = "replay"
+#: Pipes whose items are batches of their input's (torch's ``batch``, torchdata's bucket batchers), and
+#: the one that undoes them; a pipe between the sink and a batcher that keeps one input (``collate``,
+#: ``map``, ``in_batch_shuffle``) keeps the batcher's items.
+_BATCHERS = ("BatcherIterDataPipe", "BucketBatcherIterDataPipe", "MaxTokenBucketizerIterDataPipe")
+_UNBATCHERS = ("UnBatcherIterDataPipe",)
 
 #: The schema's records, under the names the commands use.
 Position = schema.NodePosition
@@ -52,6 +57,16 @@ class Upstream:
     routers: dict[str, Router]
     nodes: dict[str, Position]
     extra: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """What the loader yields: ``samples``, or ``batches`` made by the batcher at ``batcher`` of the
+    samples its input (at ``source``) yields."""
+
+    name: str
+    batcher: str | None = None
+    source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -97,6 +112,8 @@ class View:
     #: A distributed snapshot: each rank's position, and the file that holds its part.
     ranks: tuple[dict[str, Any], ...] = ()
     part_files: tuple[PartFile, ...] = ()
+    #: ``save_snapshot(metadata=...)``: the user's data saved with the snapshot (``{}``: none).
+    metadata: dict[str, Any] = field(default_factory=dict)
     by_path: dict[str, NodeDesc] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -110,6 +127,20 @@ class View:
     def layout(self) -> dict[str, Any]:
         """The reading service's layout: every service field but its name."""
         return {key: value for key, value in self.service.items() if key != "name"}
+
+    def unit(self) -> Unit:
+        """What the loader yields: batches when the graph's sink is a batcher, or reads one (through pipes
+        that keep one input: ``collate``, ``map``), else samples."""
+        node = self.by_path.get("0") or (self.nodes[0] if self.nodes else None)
+        for _ in range(len(self.nodes)):
+            if node is None or node.short_type in _UNBATCHERS:
+                break
+            if node.short_type in _BATCHERS:
+                return Unit("batches", node.path, node.inputs[0] if len(node.inputs) == 1 else None)
+            if len(node.inputs) != 1:
+                break
+            node = self.by_path.get(node.inputs[0])
+        return Unit("samples")
 
     def totals(self) -> dict[str, NodeTotals]:
         """Per node path, the figures of every logical shard and every upstream copy added up.
@@ -180,4 +211,5 @@ def read_view(manifest: Mapping[str, Any] | schema.Manifest, source: str) -> Vie
         file_size=file_size if isinstance(file_size, int) and not isinstance(file_size, bool) else None,
         ranks=tuple(rank.to_dict() for rank in info.ranks),
         part_files=info.parts,
+        metadata=dict(info.metadata or {}),
     )

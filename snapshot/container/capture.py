@@ -14,7 +14,6 @@ import datetime
 import functools
 import hashlib
 import json
-import logging
 import platform
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from typing import Any
 
 from snapshot import schema
 from snapshot._version import __version__
-from snapshot.container import _dict_form, _parts, _payload, format
+from snapshot.container import _dict_form, _parts, _payload, _readers, format
 from snapshot.errors import ManifestError, SnapshotFileError
 
 __all__ = ["LoaderState", "Snapshot", "capture", "capture_source", "encode", "snapshot_of"]
@@ -49,6 +48,8 @@ class LoaderState:
     lookahead: list[Any] = field(default_factory=list)
     verify: dict[str, Any] | None = None
     code_changes: str = "refuse"
+    metadata: dict[str, Any] | None = None  # save_snapshot(metadata=...): in the manifest, not the payload
+    readers: dict[str, Any] = field(default_factory=dict)  # per node path, a reader's hook: see _readers
 
     def restore_state(self) -> dict[str, Any]:
         return {
@@ -68,8 +69,6 @@ def _seed_digest(value: Any) -> str:
     return hashlib.sha256(repr(value).encode()).hexdigest()[:12]
 
 
-_log = logging.getLogger(__name__)
-
 @functools.lru_cache(maxsize=1)
 def _installed_versions() -> tuple[tuple[str, str], ...]:
     """Package versions, read once per process (reading package metadata costs milliseconds)."""
@@ -82,10 +81,6 @@ def _installed_versions() -> tuple[tuple[str, str], ...]:
         except metadata.PackageNotFoundError:
             pass
     return tuple(versions.items())
-
-
-def _versions() -> dict[str, str]:
-    return dict(_installed_versions())
 
 
 #: A node's place in a service's record: ``("shards" or "upstream", index, path)``.
@@ -166,7 +161,7 @@ def _manifest(source: LoaderState, service: schema.ServiceState | None, payload:
     verify = source.verify
     return schema.Manifest(
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds"),
-        versions=_versions(),
+        versions=dict(_installed_versions()),
         loader=schema.LoaderPosition(source.epoch, source.yielded, source.epoch_finished, len(source.lookahead)),
         randomness=schema.Randomness(
             seed=source.seed,
@@ -182,6 +177,7 @@ def _manifest(source: LoaderState, service: schema.ServiceState | None, payload:
                                                   for i, u in enumerate(service.upstream)),
         verify=None if verify is None else schema.VerifyRecord.from_dict(verify),
         payload=schema.PayloadRecord.from_dict(payload),
+        metadata=source.metadata or None,
     )
 
 
@@ -279,6 +275,11 @@ class Snapshot:
     def seed(self) -> int | None:
         return self.info.randomness.seed
 
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """What ``save_snapshot(metadata=...)`` recorded with this save (``{}``: nothing); a copy."""
+        return copy.deepcopy(self.info.metadata or {})
+
     def __repr__(self) -> str:
         return (f"Snapshot(epoch={self.epoch}, yielded={self.yielded}, "
                 f"nodes={len(self.info.graph.nodes)}, "
@@ -362,12 +363,7 @@ def capture(loader: Any, *, include_graph: bool = True, verify: int = 0) -> Snap
 
 
 def capture_source(loader: Any, *, include_graph: bool = True, verify: int = 0) -> LoaderState:
-    """What :func:`capture` encodes: the loader's state as it reports it, not yet encoded.
-
-    With ``verify=K`` the next K samples are computed ahead (and then served by the loader
-    from a buffer, so nothing is lost), and their fingerprints are recorded: a restore
-    compares them with the samples it produces and refuses a stream that diverges.
-    """
+    """What :func:`capture` encodes (``verify`` as there): the loader's state as it reports it, not yet encoded."""
     if not callable(getattr(loader, "_snapshot_source", None)):
         raise TypeError(f"snapshot.capture() takes a snapshot.DataLoader2, not a {type(loader).__name__}")
     if isinstance(verify, bool) or not isinstance(verify, int) or verify < 0:
@@ -389,8 +385,9 @@ def encode(source: LoaderState, writer: Any) -> schema.Manifest:
     sections, sizes = _payload.write(body, writer.write, measure=_node_states(service))
     graph_size, service_size = len(source.graph_bytes or b""), len(source.service_bytes or b"")
     parts = {"graph": graph_size, "service": service_size, "state": writer.size - graph_size - service_size}
-    return _manifest(source, service, {**sections, "size": writer.size, "sha256": writer.sha256, "parts": parts},
-                     sizes)
+    manifest = _manifest(source, service, {**sections, "size": writer.size, "sha256": writer.sha256,
+                                           "parts": parts}, sizes)
+    return _readers.with_readers(manifest, service, source.readers)
 
 
 def snapshot_of(source: LoaderState) -> Snapshot:

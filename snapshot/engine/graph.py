@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -340,6 +341,28 @@ def compare_nodes(saved: list[dict[str, Any]], graph: Graph) -> list[NodeDiff]:
         if node.path not in saved_by_path:
             diffs.append(NodeDiff(node.path, "(no node at this path)", node.signature))
     return diffs
+
+
+def another_pipeline(saved: list[dict[str, Any]], graph: Graph) -> str | None:
+    """When ``graph`` looks like another pipeline than the saved one (fewer than half of the saved nodes
+    have a node of their type at their path, and no more than half have their type and arguments
+    anywhere in it: a batch added at the sink shifts every path, but keeps the nodes), the clause that
+    says so, with both graphs' node types from the sink; else ``None``."""
+    same = sum(1 for d in saved if d["path"] in graph.by_path and graph.by_path[d["path"]].type == str(d["type"]))
+    here = Counter(node.signature for node in graph.nodes)
+    kept = sum((Counter(_saved_signature(d) for d in saved) & here).values())
+    if not saved or 2 * same >= len(saved) or 2 * kept > len(saved):
+        return None
+    return (f"the snapshot is of another pipeline (its graph: {_types(str(d['type']) for d in saved)}; this one: "
+            f"{_types(node.type for node in graph.nodes)}): of its {len(saved)} nodes, {same} "
+            f"{'is' if same == 1 else 'are'} of the same type at the same place here. Restore it with the pipeline "
+            "that saved it (`snapshot inspect FILE` shows its graph)")
+
+
+def _types(names: Any, limit: int = 12) -> str:
+    """``Batcher ← Mapper ← ...``: short type names, from the sink, in the graph's order."""
+    short = [name.rsplit(".", 1)[-1].removesuffix("IterDataPipe") or "IterDataPipe" for name in names]
+    return " ← ".join(short[:limit]) + (f" ← ... ({len(short) - limit} more)" if len(short) > limit else "")
 
 
 def _code_diffs(desc: dict[str, Any], node: Node) -> list[NodeDiff]:

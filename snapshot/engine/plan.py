@@ -80,7 +80,7 @@ def check_graph(saved_nodes: list[dict[str, Any]], graph: Graph,
                 code_changes: CodeChanges = CodeChanges.REFUSE) -> None:
     """Raise :class:`GraphMismatchError` naming every node that differs (a function whose code
     changed only with ``code_changes="refuse"``)."""
-    from snapshot.engine.graph import compare_nodes
+    from snapshot.engine.graph import another_pipeline, compare_nodes
 
     diffs = compare_nodes(saved_nodes, graph)
     changed = [d for d in diffs if d.code]
@@ -95,10 +95,14 @@ def check_graph(saved_nodes: list[dict[str, Any]], graph: Graph,
                 warnings.warn(text, stacklevel=user_stacklevel())
             _log.info("%s", text)
         return
-    listing = "\n".join(str(d) for d in refused[:20])
-    more = f"\n  ... and {len(refused) - 20} more" if len(refused) > 20 else ""
+    foreign = another_pipeline(saved_nodes, graph)  # said first, with a few of its differences
+    shown = 5 if foreign else 20
+    listing = "\n".join(str(d) for d in refused[:shown])
+    more = f"\n  ... and {len(refused) - shown} more" if len(refused) > shown else ""
     structural = len(refused) - len(changed)
-    head = (f"the graph given to the loader does not match the graph in the snapshot ({len(refused)} "
+    head = (f"the graph given to the loader does not match the graph in the snapshot: {foreign}; the first "
+            f"{shown} of its {len(refused)} differences" if foreign else
+            f"the graph given to the loader does not match the graph in the snapshot ({len(refused)} "
             f"difference{'s' if len(refused) != 1 else ''})" if structural else
             f"{len(changed)} function(s) of the graph changed since the snapshot was saved")
     hints = []

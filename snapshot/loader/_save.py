@@ -10,9 +10,11 @@ from snapshot.container import _serialization
 from snapshot.container.capture import LoaderState, Snapshot, snapshot_of
 from snapshot.container.format import PathOrFile
 from snapshot.engine.plan import check_restorable
+from snapshot.hooks import hook_for
 from snapshot.loader._graph_copy import GraphCopy
 from snapshot.loader._position import LivePosition
 from snapshot.loader._service import LoaderService
+from snapshot.schema.manifest import check_metadata
 from snapshot.storage import _fsspec, _object_directory, _rotation, _staging, multipart
 from snapshot.storage._background import BackgroundSaver
 from snapshot.storage._io import save, write
@@ -28,6 +30,17 @@ def check_keep_last(dest: Any, keep_last: int) -> None:
     if keep_last < 1:
         raise ValueError(f"keep_last must be at least 1, got {keep_last}")
     _rotation.prune_check(dest)
+
+
+def _readers(graph: Any) -> dict[str, Any]:
+    """Per node path, the hook of each file reader: it says where a saved state stands (the manifest's
+    ``reading``, see :mod:`snapshot.container._readers`)."""
+    found = {}
+    for node in graph.nodes:
+        hook = hook_for(node.datapipe)
+        if hook is not None and callable(getattr(hook.iterator, "where", None)):
+            found[node.path] = hook.iterator
+    return found
 
 
 class Saver:
@@ -65,26 +78,29 @@ class Saver:
             graph_bytes=self.graph.pickled if include_graph else None,
             service_bytes=self.service.pickled,
             lookahead=list(pos.lookahead),
+            readers=_readers(graph),
         )
         if verify:
             source.verify = pos.ahead(verify)
         return source
 
-    def save(self, dest: PathOrFile | None, *, blocking: bool, include_graph: bool,
-             keep_last: int | None, key: bytes | str | None, verify: int) -> Snapshot | Future[str]:
+    def save(self, dest: PathOrFile | None, *, blocking: bool, include_graph: bool, keep_last: int | None,
+             key: bytes | str | None, verify: int, metadata: dict[str, Any] | None = None) -> Snapshot | Future[str]:
         """``save_snapshot``: after the previous background save, this one, now or in the background."""
         if keep_last is not None:
             check_keep_last(dest, keep_last)
+        plain = None if metadata is None else check_metadata(metadata)  # refused before anything is captured
         self.wait()
         save = self._save_now if blocking else self._save_in_background
-        return save(dest, include_graph=include_graph, keep_last=keep_last, key=key, verify=verify)
+        return save(dest, include_graph=include_graph, keep_last=keep_last, key=key, verify=verify, metadata=plain)
 
-    def _save_now(self, dest: PathOrFile | None, *, include_graph: bool,
-                  keep_last: int | None, key: bytes | str | None, verify: int) -> Snapshot:
+    def _save_now(self, dest: PathOrFile | None, *, include_graph: bool, keep_last: int | None,
+                  key: bytes | str | None, verify: int, metadata: dict[str, Any] | None = None) -> Snapshot:
         """Capture and, when ``dest`` is given, write (a collective across ranks)."""
         self.graph.check_portable(include_graph)
         collective = self.service.collective()
         source = self.source(include_graph=include_graph, verify=verify)
+        source.metadata = metadata
         # a path or a URL: encoded straight into the file (no copy of the state); across ranks, every
         # rank its part of a directory (a local one, or a prefix in object storage), rank 0 the index
         if isinstance(dest, (str, os.PathLike)) and collective is not None:
@@ -100,8 +116,9 @@ class Saver:
             _rotation.prune(dest, keep_last)  # type: ignore[arg-type]
         return snap
 
-    def _save_in_background(self, dest: PathOrFile | None, *, include_graph: bool,
-                            keep_last: int | None, key: bytes | str | None, verify: int) -> Future[str]:
+    def _save_in_background(self, dest: PathOrFile | None, *, include_graph: bool, keep_last: int | None,
+                            key: bytes | str | None, verify: int, metadata: dict[str, Any] | None = None
+                            ) -> Future[str]:
         """Capture now; encode and write in the background saver (synchronous across ranks)."""
         if dest is None or not isinstance(dest, (str, os.PathLike)):  # a path or a URL
             raise TypeError(
@@ -111,10 +128,13 @@ class Saver:
         path = os.fspath(dest)
         done: Future[str] = Future()
         if self.service.collective() is not None:
-            self._save_now(dest, include_graph=include_graph, keep_last=keep_last, key=key, verify=verify)
+            self._save_now(dest, include_graph=include_graph, keep_last=keep_last, key=key, verify=verify,
+                           metadata=metadata)
             done.set_result(path)
             return done
-        source = _staging.stage(self.source(include_graph=include_graph, verify=verify))
+        source = self.source(include_graph=include_graph, verify=verify)
+        source.metadata = metadata  # checked plain data: staged as it is
+        source = _staging.stage(source)
 
         def background() -> str:
             with _serialization.cooperative():

@@ -182,15 +182,17 @@ class DataLoader2(PausingMethods, Generic[T_co]):
 
     @overload
     def save_snapshot(self, dest: PathOrFile | None = None, *, include_graph: bool = True, keep_last: int | None = None,
-                      key: bytes | str | None = None, verify: int = 0, blocking: Literal[True] = True) -> Snapshot: ...
+                      key: bytes | str | None = None, verify: int = 0, blocking: Literal[True] = True,
+                      metadata: dict[str, Any] | None = None) -> Snapshot: ...
     @overload
     def save_snapshot(self, dest: PathOrFile | None = None, *, include_graph: bool = True, keep_last: int | None = None,
-                      key: bytes | str | None = None, verify: int = 0, blocking: Literal[False]) -> Future[str]: ...
+                      key: bytes | str | None = None, verify: int = 0, blocking: Literal[False],
+                      metadata: dict[str, Any] | None = None) -> Future[str]: ...
 
     def save_snapshot(
         self, dest: PathOrFile | None = None, *, include_graph: bool = True,
         keep_last: int | None = None, key: bytes | str | None = None, verify: int = 0,
-        blocking: bool = True,
+        blocking: bool = True, metadata: dict[str, Any] | None = None,
     ) -> Snapshot | Future[str]:
         """Capture the current position; write it atomically to ``dest`` when given.
 
@@ -208,9 +210,12 @@ class DataLoader2(PausingMethods, Generic[T_co]):
         the reason the save failed (also logged). One save runs at a time per loader; a second,
         ``shutdown()`` and the interpreter's exit wait for it. The write is atomic, and across
         ranks the save stays synchronous (the future is already done).
+
+        ``metadata``: plain JSON data (64 KiB at most: ``schema.manifest.check_metadata``) for this save's
+        manifest only, given back by ``Snapshot.metadata``; across ranks the index keeps rank 0's.
         """
         return self._saver.save(dest, blocking=blocking, include_graph=include_graph, keep_last=keep_last,
-                                key=key, verify=verify)
+                                key=key, verify=verify, metadata=metadata)
 
     def restore_snapshot(
         self, src: Any, *, strategy: RestoreStrategy | str = "auto",

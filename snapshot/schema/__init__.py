@@ -22,13 +22,14 @@ round-trips.
     │   └── owners: {shard: Owner}    the worker (and rank) that runs each logical shard
     ├── shards: [ShardPosition|None]  per logical shard (None: run by another rank)
     │   ├── plan: PlanSummary         drivers ([Driver]) and why each node replays
-    │   └── nodes: {path: NodePosition}
+    │   └── nodes: {path: NodePosition}   reading: ReaderPosition | None (a file reader: file, member, offset)
     ├── upstream: [UpstreamPosition]  per copy of the graph above the sharding point
     │   ├── routers: {path: RouterPosition}
     │   └── nodes: {path: NodePosition}
     ├── verify: VerifyRecord | None   fingerprints of the samples after the snapshot
     ├── payload: PayloadRecord | None size, sha256, size of each part; format 2: encoding, sections
     │   └── pickled: [PickledValue]   values that are not data: where, type, size (restoring needs trust)
+    ├── metadata: {...} | None        save_snapshot(metadata=...): the user's plain JSON data (a step)
     ├── ranks: [RankPosition]         directory index only: each rank's LoaderPosition, Handout
     └── parts: [PartRecord]           directory index only: each rank's file, size, sha256
 
@@ -73,6 +74,7 @@ from snapshot.schema.positions import (
     Driver,
     NodePosition,
     PlanSummary,
+    ReaderPosition,
     RouterPosition,
     ShardPosition,
     UpstreamPosition,
@@ -100,6 +102,7 @@ __all__ = [
     "PlanState",
     "PlanSummary",
     "Randomness",
+    "ReaderPosition",
     "RankPosition",
     "RankServiceState",
     "RankState",

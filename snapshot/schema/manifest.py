@@ -3,6 +3,8 @@ the parts of a distributed snapshot, and :class:`Manifest` itself."""
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +18,7 @@ from snapshot.schema._fields import (
     _fail,
     _Fields,
     _int,
+    _object,
     _optional,
     _records,
     _sha256,
@@ -29,6 +32,10 @@ from snapshot.schema.positions import NodePosition, ShardPosition, UpstreamPosit
 from snapshot.schema.saved import SavedState
 
 _SAVE_ID = re.compile(r"[0-9a-f]{12,32}")
+
+#: The most bytes ``save_snapshot(metadata=...)`` takes, as compact UTF-8 JSON: a step number, a run
+#: name, the model file's name; not the model (which belongs in a file of its own beside the snapshot).
+METADATA_LIMIT = 64 * 1024
 
 
 #: How a payload encodes its state: ``pickle`` (format 1: one pickle, a restore runs code from the
@@ -130,6 +137,48 @@ class PartRecord:
         return {"rank": self.rank, "file": self.file, "sha256": self.sha256, "size": self.size}
 
 
+# -- the user's metadata ----------------------------------------------------------------------
+
+def check_metadata(metadata: Any) -> dict[str, Any]:
+    """``save_snapshot(metadata=...)`` as the manifest keeps it: a dict of plain JSON data (str keys; str,
+    int, finite float, bool, ``None``, lists, tuples (kept as lists) and dicts of these), at most
+    :data:`METADATA_LIMIT` bytes as compact JSON. A ``TypeError`` names the first value that is not such
+    data, a ``ValueError`` says the size. Metadata describes its own save: a loader restored from a
+    snapshot does not carry it into its later saves."""
+    if not isinstance(metadata, dict):
+        raise TypeError(f"metadata must be a dict of plain JSON data, not a {type(metadata).__name__}")
+    plain = _plain(metadata, "metadata")
+    size = len(json.dumps(plain, separators=(",", ":"), ensure_ascii=False).encode())
+    if size > METADATA_LIMIT:
+        raise ValueError(f"metadata is {size:,} bytes as JSON, over the limit of {METADATA_LIMIT:,} bytes: keep "
+                         "small values there (a step, a run name, the model file's name), and large ones in a file "
+                         "of your own beside the snapshot")
+    return plain
+
+
+def _plain(value: Any, where: str) -> Any:
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise TypeError(f"{where} is {value!r}, which JSON cannot hold: give a finite number or a string")
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(item, f"{where}[{i}]") for i, item in enumerate(value)]
+    if isinstance(value, dict):
+        for key in value:
+            if not isinstance(key, str):
+                raise TypeError(f"{where} has the key {key!r}: metadata keys are strings (JSON's)")
+        return {key: _plain(item, f"{where}[{key!r}]") for key, item in value.items()}
+    raise TypeError(f"{where} is a {type(value).__module__}.{type(value).__qualname__}: metadata holds plain JSON "
+                    "data only (str, int, float, bool, None, lists and dicts of these); convert it (a tensor's "
+                    ".item() or .tolist()), or save it in a file of your own")
+
+
+def _metadata(value: Any, where: str) -> dict[str, Any]:
+    return dict(_object(value, where))
+
+
 # -- the manifest -----------------------------------------------------------------------------
 
 def _save_id(value: Any, where: str) -> str:
@@ -175,6 +224,9 @@ class Manifest:
     signature: str | None = None
     #: A directory snapshot's save: the id its index and every part carry (see :mod:`snapshot.multipart`).
     save: str | None = None
+    #: ``save_snapshot(metadata=...)``: the user's plain JSON data (a step), this save's only (see
+    #: :func:`check_metadata`); a directory's index carries rank 0's. Absent from older files.
+    metadata: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -202,6 +254,7 @@ class Manifest:
                 parts=parts,
                 signature=f.get("signature", _str, None),
                 save=f.get("save", _save_id, None),
+                metadata=f.get("metadata", _metadata, None),
                 extra=f.extra(),
             )
             manifest._check_shards()
@@ -285,6 +338,8 @@ class Manifest:
             out["signature"] = self.signature
         if self.save is not None:
             out["save"] = self.save
+        if self.metadata:
+            out["metadata"] = dict(self.metadata)
         return {**out, **self.extra}
 
     def check_state(self, state: SavedState, *, source: str = "<manifest>") -> None:

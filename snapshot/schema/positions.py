@@ -25,6 +25,36 @@ from snapshot.schema.layout import _shard_keys
 
 
 @dataclass(frozen=True)
+class ReaderPosition:
+    """Where a file reader stands (what its state says, read at save time so that ``inspect`` needs no
+    payload): the file or URL, the archive member it is reading, and its offset in the stream it reads
+    (bytes of the member, of the file, or of the file's decompressed view when ``inflated``); or, for
+    ``load_from_zip``, the index of the archive's next ``entry``."""
+
+    file: str
+    member: str | None = None
+    offset: int | None = None
+    entry: int | None = None
+    #: The stream is a decompressed view (``decompress``, a compressed tar): a restore inflates it up to ``offset``.
+    inflated: bool = False
+
+    @classmethod
+    def from_dict(cls, value: Any, where: str = "reading") -> ReaderPosition:
+        f = _Fields(value, where)
+        return cls(file=f.required("file", _str), member=f.get("member", _str, None),
+                   offset=f.get("offset", _int, None), entry=f.get("entry", _int, None),
+                   inflated=f.get("inflated", _bool, False))
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"file": self.file}
+        out.update((key, value) for key, value in (("member", self.member), ("offset", self.offset),
+                                                   ("entry", self.entry)) if value is not None)
+        if self.inflated:
+            out["inflated"] = True
+        return out
+
+
+@dataclass(frozen=True)
 class NodePosition:
     """Where one node of one logical shard (or upstream copy) stands, and how it is restored."""
 
@@ -34,6 +64,8 @@ class NodePosition:
     restore: str | None = None
     #: For a buffering node: how its samples were saved, ``"positions"`` or ``"values[: why]"``.
     buffer_state: str | None = None
+    #: For a file reader restored from its state: where it stands (absent from older files).
+    reading: ReaderPosition | None = None
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "node") -> NodePosition:
@@ -41,13 +73,16 @@ class NodePosition:
         return cls(yielded=f.get("yielded", _int, None), state_bytes=f.get("state_bytes", _int, None),
                    buffered=f.get("buffered", _int, 0),
                    restore=f.get("restore", lambda v, w: _choice(v, w, RESTORE_METHODS), None),
-                   buffer_state=f.get("buffer_state", _str, None))
+                   buffer_state=f.get("buffer_state", _str, None),
+                   reading=f.get("reading", ReaderPosition.from_dict, None))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"yielded": self.yielded, "state_bytes": self.state_bytes, "buffered": self.buffered,
                                "restore": self.restore}
         if self.buffer_state is not None:
             out["buffer_state"] = self.buffer_state
+        if self.reading is not None:
+            out["reading"] = self.reading.to_dict()
         return out
 
 

@@ -49,11 +49,11 @@ from snapshot.container._parts import (
 )
 from snapshot.container.capture import LoaderState, Snapshot
 from snapshot.errors import CorruptSnapshotError, RankError, SnapshotError, SnapshotFileError
-from snapshot.storage import _atomic, _sources, _stream
+from snapshot.storage import _atomic, _rotation, _sources, _stream
 
 __all__ = ["MANIFEST", "Select", "check_part", "commit", "distributed_manifest", "is_directory_snapshot",
            "join_parts", "part_info", "part_name", "parts_state_dict", "read_index", "read_parts", "save_directory",
-           "selected", "split_parts", "staging", "write_part"]
+           "selected", "split_parts", "staging", "without_index", "write_part"]
 
 MANIFEST = format.DIRECTORY_MANIFEST
 part_name = schema.part_name
@@ -113,10 +113,7 @@ def read_index(src: str, *, key: bytes | str | None = None) -> format.Container:
     root = os.fspath(src)
     path = os.path.join(root, MANIFEST)
     if not os.path.lexists(path):
-        raise SnapshotFileError(
-            f"is a directory without {MANIFEST}: not a complete distributed snapshot (a save that "
-            "was interrupted writes elsewhere, so this is not one of ours). Pass a snapshot file, or "
-            "a directory written by save_snapshot() in a distributed run", source=root)
+        raise SnapshotFileError(without_index(root), source=root)
     if os.path.isdir(path):
         raise SnapshotFileError(f"{MANIFEST} is a directory where the snapshot's index file should be",
                                 source=root)
@@ -166,6 +163,23 @@ def _read_part(root: str, entry: schema.PartRecord, index: format.Container,
     part = format.unpack(data, source=part_path, key=key)
     check_part(index.info, entry, part.info, source=root)
     return part
+
+
+def without_index(root: str) -> str:
+    """Why the directory ``root``, which has no index, is not a snapshot: a folder of snapshot files (a
+    checkpoint folder of ``step-*.snap``) is named as such, with the way to pick the newest of them."""
+    try:
+        held = sorted(name for name in os.listdir(root) if name.endswith(".snap") and not name.startswith("."))
+    except OSError:
+        held = []
+    newest = _rotation.latest(root) if held else None
+    if newest is not None:
+        shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+        return (f"is a folder of snapshots ({shown}), not one snapshot: pass one of them; the newest, "
+                f"{os.path.basename(newest)}, is what snapshot.latest({root!r}) returns")
+    return (f"is a directory without {MANIFEST}: not a complete distributed snapshot (a save that was interrupted "
+            "writes elsewhere, so this is not one of ours). Pass a snapshot file, or a directory written by "
+            "save_snapshot() in a distributed run")
 
 
 def save_directory(collective: Any, source: LoaderState, dest: Any, key: bytes | str | None) -> Snapshot:

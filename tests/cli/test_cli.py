@@ -190,8 +190,8 @@ def test_inspect_sums_any_number_of_logical_shards(snap_file: str, tmp_path) -> 
     sink = next(line for line in out.splitlines() if "MultiplexerIterDataPipe()" in line)
     assert sink.split()[2] == "215"  # 5 + 105 + 105
     assert "2 in flight between workers and the loader" in out
-    for index in range(3):
-        assert f"Restore plan (auto): shard {index}: every node from its state" in out
+    assert out.count("Restore plan (auto)") == 1  # the plan once, for every shard it applies to
+    assert "Restore plan (auto), every logical shard: every node from its state" in out
 
 
 def test_inspect_and_diff_a_two_worker_snapshot(tmp_path) -> None:
@@ -205,9 +205,11 @@ def test_inspect_and_diff_a_two_worker_snapshot(tmp_path) -> None:
     out = inspect.stdout
     assert "figures summed over 2 logical shards and 2 copies above the sharding point" in out
     lines = out.splitlines()
-    header = next(i for i, line in enumerate(lines) if line.startswith("  shard  yielded"))
+    # the graph yields batches: the loader's unit, then the samples its batcher took in that shard
+    header = next(i for i, line in enumerate(lines) if line.startswith("  shard  batches  samples  in flight"))
     for shard, line in zip(manifest["shards"], lines[header + 1:header + 3]):
-        assert line.split()[1:3] == [str(shard["yielded"]), str(shard["in_flight"])]
+        samples = shard["nodes"]["0/datapipe"]["yielded"]
+        assert line.split()[1:4] == [str(shard["yielded"]), str(samples), str(shard["in_flight"])]
     assert sum(s["yielded"] for s in manifest["shards"]) == 7  # what the loader took from each shard
     copies = lines.index("  above the sharding point (a copy of that part of the graph per process):")
     router = "0/datapipe/datapipe/datapipe"

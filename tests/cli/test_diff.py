@@ -53,7 +53,7 @@ def test_how_far_a_run_progressed(results: Results) -> None:
     out = proc.stdout
     assert "Position: B is 4 samples ahead of A in epoch 0 (5 → 9)" in out
     sink = next(line for line in out.splitlines() if line.startswith("  0 "))
-    assert sink.split()[1:6] == ["5", "→", "9", "+4", "1"]  # yielded, change, then buffered 1 → 0
+    assert sink.split()[1:7] == ["Multiplexer", "5", "→", "9", "+4", "1"]  # type, yielded, change, buffered 1 → 0
     assert "Same: graph, randomness, layout, plan, versions" in out
     assert "Payload: different bytes" in out
     assert "Position: B is 4 samples behind A in epoch 0 (9 → 5)" in results["backwards"].stdout

@@ -139,7 +139,7 @@ def test_diff_and_graph_of_directories(results: dict[str, Any], dirs: dict[str, 
 def test_a_directory_that_is_not_a_snapshot(results: dict[str, Any]) -> None:
     proc = results["empty"]
     assert proc.returncode == 2
-    assert "is a directory without manifest.snap, so not a distributed snapshot" in proc.stderr
+    assert "is a directory without manifest.snap: not a complete distributed snapshot" in proc.stderr
 
 
 def test_the_parts_are_signed_with_the_key(dirs: dict[str, str]) -> None:

@@ -191,10 +191,10 @@ def cli_examples(directory: Path, monkeypatch: pytest.MonkeyPatch,
     it = iter(dl)
     for _ in range(12):
         next(it)
-    dl.save_snapshot("early.snap")
+    dl.save_snapshot("early.snap", metadata={"step": 12})
     for _ in range(30):
         next(it)
-    dl.save_snapshot("later.snap")
+    dl.save_snapshot("later.snap", metadata={"step": 42})
     dl.shutdown()
     outputs = {}
     for name, argv in {"inspect": ["inspect", "early.snap"], "diff": ["diff", "early.snap", "later.snap"],

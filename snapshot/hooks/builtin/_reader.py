@@ -16,7 +16,7 @@ from typing import Any
 from snapshot.errors import RestoreError, SerializationError
 from snapshot.hooks._base import ResumableIterator
 from snapshot.hooks._registry import hook_for
-from snapshot.hooks.builtin._streams import address_key, address_of, check_unchanged, reopen, reopen_many
+from snapshot.hooks.builtin._streams import address_key, address_of, check_unchanged, place_of, reopen, reopen_many
 
 __all__ = ["KeepsAddresses", "OffsetReading", "StreamReading", "inflated_by", "reopenable"]
 
@@ -168,6 +168,19 @@ class StreamReading(KeepsAddresses, ResumableIterator):
             return None
         return (f"re-inflates its current file from the start up to the saved offset (a compressed stream, "
                 f"inflated by {', '.join(inflating)}, cannot seek); never the files before it")
+
+    @classmethod
+    def where(cls, state: Any) -> dict[str, Any] | None:
+        """Where a saved ``state`` stands, as the manifest shows it (``schema.ReaderPosition``): the file,
+        the member and the offset in the stream being read; ``None`` between two streams."""
+        if not isinstance(state, dict) or not isinstance(state.get(ADDRESS), dict):
+            return None
+        at = state.get(AT)
+        offset = at.get("offset") if isinstance(at, dict) else at
+        return {**place_of(state[ADDRESS]), cls.position_name: offset if isinstance(offset, int) else None}
+
+    #: What :meth:`position` counts, as :meth:`where` names it: ``offset`` (bytes) or ``entry`` (an index).
+    position_name = "offset"
 
     @abstractmethod
     def start(self, path: str, stream: Any) -> Iterator[Any]:

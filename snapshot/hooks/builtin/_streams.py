@@ -35,8 +35,8 @@ from torch.utils.data.datapipes.utils.common import StreamWrapper
 
 from snapshot.errors import RestoreError, SerializationError
 
-__all__ = ["address_key", "address_of", "changed", "check_unchanged", "file_address", "mark", "register_kind",
-           "reopen", "reopen_many", "stream_value", "tar_after", "value_of"]
+__all__ = ["address_key", "address_of", "changed", "check_unchanged", "file_address", "mark", "place_of",
+           "register_kind", "reopen", "reopen_many", "stream_value", "tar_after", "value_of"]
 
 KIND = "kind"
 #: Kinds of address that stand on another stream's address (``archive`` or ``inner``).
@@ -79,6 +79,22 @@ def _root(address: dict[str, Any]) -> dict[str, Any]:
     while address[KIND] in _DERIVED:
         address = address.get("archive") or address["inner"]
     return address
+
+
+def place_of(address: dict[str, Any]) -> dict[str, Any]:
+    """Where ``address`` is, for people: the file (or URL) under it, the innermost archive member's name,
+    and whether the stream is ``decompress``'s view of it (``inflated``: offsets count decompressed bytes)."""
+    member = next((a.get("name") for a in _chain(address) if a[KIND] in ("tar-member", "zip-member")), None)
+    inflated = any(a[KIND] == "decompress" for a in _chain(address))
+    return {"file": str(_root(address).get("path")), "member": member, "inflated": inflated}
+
+
+def _chain(address: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """``address`` and the addresses it stands on, innermost first."""
+    yield address
+    while address[KIND] in _DERIVED:
+        address = address.get("archive") or address["inner"]
+        yield address
 
 
 def changed(path: str, saved: Any, now: Any) -> RestoreError:

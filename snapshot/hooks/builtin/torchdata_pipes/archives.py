@@ -124,6 +124,8 @@ class ZipArchiveLoaderIterator(_MemberLoading):
     """``load_from_zip``: the file members of each archive; state: the archive's address and the
     index of the next entry in its central directory."""
 
+    position_name = "entry"
+
     def __init__(self, datapipe: Any, inputs: Any):
         super().__init__(datapipe, inputs)
         self._index = 0

@@ -40,8 +40,13 @@ class Saver:
         self.background = BackgroundSaver()
 
     def wait(self) -> None:
-        """Wait for the background save, if one runs."""
+        """Wait for the background save, if one runs (at most ``background.timeout`` seconds; never for one
+        that failed)."""
         self.background.wait()
+
+    def raise_failure(self) -> None:
+        """Raise the failure of the last background save, once, unless its future's outcome was read."""
+        self.background.raise_failure()
 
     def source(self, *, include_graph: bool, verify: int = 0) -> LoaderState:
         """What the loader reports for a capture, after refusing a graph that cannot be restored
@@ -76,6 +81,7 @@ class Saver:
         if keep_last is not None:
             check_keep_last(dest, keep_last)
         self.wait()
+        self.raise_failure()  # before this save captures anything
         save = self._save_now if blocking else self._save_in_background
         return save(dest, include_graph=include_graph, keep_last=keep_last, key=key, verify=verify)
 

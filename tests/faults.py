@@ -10,10 +10,12 @@ test to say when it may go on.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
+import signal
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,22 +92,96 @@ class Held:
     def __reduce__(self) -> Any:
         if Held.armed:
             Held.armed = False  # once: the save's other samples pickle at once
-            Held.entered.set()
-            if not Held.go.wait(120):
-                raise TimeoutError("the test never let the held save go on")
-        return (Held, (self.value,))
+            Held.hold()
+        return (revive, (self.value,))
+
+    @staticmethod
+    def hold() -> None:
+        """Say so and wait for the test (a process about to be killed replaces it: :meth:`Landing.arrive`)."""
+        Held.entered.set()
+        if not Held.go.wait(120):
+            raise TimeoutError("the test never let the held save go on")
 
     @classmethod
     def reset(cls) -> None:
-        cls.armed = False
+        cls.armed = cls.reviving = False
         cls.entered.clear()
         cls.go.clear()
+
+    #: Hold when a sample is unpickled (by a restore), once.
+    reviving = False
+
+
+def revive(value: int) -> Held:
+    """A :class:`Held` sample unpickled; held there once :attr:`Held.reviving` (mid-restore)."""
+    if Held.reviving:
+        Held.reviving = False
+        Held.hold()
+    return Held(value)
 
 
 def held_graph(n: int = 30) -> Any:
     from torch.utils.data.datapipes.iter import IterableWrapper
 
     return IterableWrapper([Held(i) for i in range(n)]).shuffle(buffer_size=8)
+
+
+class Landing:
+    """Where a kill lands: the process to kill calls :meth:`arrive` at that moment (mid-save, say); a thread
+    of the test (:meth:`kill_on_arrival`) is told at once, looks at what the process left (``proof``), and
+    SIGKILLs it. Across processes forked after it is made (ranks, workers): a ``multiprocessing`` event,
+    no sleeps."""
+
+    def __init__(self) -> None:
+        context = multiprocessing.get_context("fork")
+        self._arrived = context.Event()
+        self._pid = context.Value("i", 0)
+        self._armed = context.Value("b", 0)
+        self._test = os.getpid()
+        self.proof: Any = None
+        self.killed: int | None = None
+
+    def arm(self) -> None:
+        """Let :attr:`armed` say so in every process, those forked before included."""
+        self._armed.value = 1
+
+    @property
+    def armed(self) -> bool:
+        return bool(self._armed.value)
+
+    def arrive(self) -> None:
+        """In the process to kill: say where it is, and wait there to be killed. Only the first process to
+        arrive waits; the others go on."""
+        if os.getpid() == self._test:
+            raise AssertionError("the test's own process arrived where another was to be killed")
+        with self._pid.get_lock():
+            if self._pid.value:
+                return
+            self._pid.value = os.getpid()
+        self._arrived.set()
+        threading.Event().wait(300)
+        raise TimeoutError("the test did not kill this process")
+
+    @contextlib.contextmanager
+    def kill_on_arrival(self, proof: Callable[[], Any] = lambda: None, timeout: float = 120) -> Iterator[Landing]:
+        """For the block, a thread that kills the process that arrives (after ``proof()`` of where it was)."""
+        def killer() -> None:
+            pid = self._pid.value if self._arrived.wait(timeout) else 0
+            if pid > 0:  # 0: nobody arrived (os.kill(0, ...) would kill the test's own process group)
+                self.proof = proof()
+                os.kill(pid, signal.SIGKILL)
+                self.killed = pid
+
+        thread = threading.Thread(target=killer, name="test-killer")
+        thread.start()
+        try:
+            yield self
+        finally:
+            self._arrived.set()  # nobody arrived: the thread ends (and kills nothing: no pid)
+            thread.join(timeout)
+
+    def __getstate__(self) -> Any:
+        raise TypeError("a Landing crosses to processes by fork only")
 
 
 def drop_privileges() -> None:

@@ -10,6 +10,7 @@ from snapshot.container import _serialization
 from snapshot.container.capture import LoaderState, Snapshot, snapshot_of
 from snapshot.container.format import PathOrFile
 from snapshot.engine.plan import check_restorable
+from snapshot.errors import RankError, WorkerError
 from snapshot.loader._graph_copy import GraphCopy
 from snapshot.loader._position import LivePosition
 from snapshot.loader._service import LoaderService
@@ -75,6 +76,18 @@ class Saver:
             source.verify = pos.ahead(verify)
         return source
 
+    def _capture(self, dest: PathOrFile | None, *, include_graph: bool, verify: int) -> LoaderState:
+        """:meth:`source` for a save to ``dest``: a worker or a rank that fails meanwhile is an error that
+        names ``dest`` and what is intact there."""
+        try:
+            return self.source(include_graph=include_graph, verify=verify)
+        except (WorkerError, RankError) as exc:
+            if not isinstance(dest, (str, os.PathLike)):
+                raise
+            where = os.fspath(dest)
+            intact = _fsspec.intact_at(where) if _fsspec.is_url(where) else _rotation.intact_at(where)
+            raise type(exc)(f"{where}: the snapshot was not saved: {exc} {intact}") from exc
+
     def save(self, dest: PathOrFile | None, *, blocking: bool, include_graph: bool,
              keep_last: int | None, key: bytes | str | None, verify: int) -> Snapshot | Future[str]:
         """``save_snapshot``: after the previous background save, this one, now or in the background."""
@@ -90,7 +103,7 @@ class Saver:
         """Capture and, when ``dest`` is given, write (a collective across ranks)."""
         self.graph.check_portable(include_graph)
         collective = self.service.collective()
-        source = self.source(include_graph=include_graph, verify=verify)
+        source = self._capture(dest, include_graph=include_graph, verify=verify)
         # a path or a URL: encoded straight into the file (no copy of the state); across ranks, every
         # rank its part of a directory (a local one, or a prefix in object storage), rank 0 the index
         if isinstance(dest, (str, os.PathLike)) and collective is not None:
@@ -120,7 +133,7 @@ class Saver:
             self._save_now(dest, include_graph=include_graph, keep_last=keep_last, key=key, verify=verify)
             done.set_result(path)
             return done
-        source = _staging.stage(self.source(include_graph=include_graph, verify=verify))
+        source = _staging.stage(self._capture(dest, include_graph=include_graph, verify=verify))
 
         def background() -> str:
             with _serialization.cooperative():

@@ -49,7 +49,7 @@ from snapshot.container._parts import (
 )
 from snapshot.container.capture import LoaderState, Snapshot
 from snapshot.errors import CorruptSnapshotError, RankError, SnapshotError, SnapshotFileError
-from snapshot.storage import _atomic, _failures, _sources, _stream
+from snapshot.storage import _atomic, _failures, _rotation, _sources, _stream
 
 __all__ = ["MANIFEST", "check_part", "commit", "distributed_manifest", "is_directory_snapshot", "join_parts",
            "not_saved", "part_info", "part_name", "parts_state_dict", "read_parts", "save_directory", "split_parts",
@@ -164,7 +164,7 @@ def save_directory(collective: Any, source: LoaderState, dest: Any, key: bytes |
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
         if isinstance(exc, RankError):
-            raise not_saved(exc, os.fspath(dest), _failures.intact_at(os.path.abspath(os.fspath(dest)))
+            raise not_saved(exc, os.fspath(dest), _rotation.intact_at(os.path.abspath(os.fspath(dest)))
                             ) from exc.__cause__
         raise
 

@@ -3,6 +3,8 @@
 Saves write ``.NAME.snapshot-tmp.<pid>.<host>-<random>`` and rename it over ``NAME``; the
 next save into a directory removes such files whose writer is gone (a killed save). A path
 with a scheme (``s3://...``) is written in one upload through :mod:`snapshot.storage._fsspec`.
+A write the storage refuses (a full disk, a file-size limit, ...) removes its temporary file and
+raises a :class:`~snapshot.errors.StorageError` saying so (:mod:`snapshot.storage._failures`).
 
 This module knows nothing of snapshots: bytes in, bytes out.
 """

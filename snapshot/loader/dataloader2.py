@@ -209,10 +209,10 @@ class DataLoader2(PausingMethods, Generic[T_co]):
 
         ``blocking=False`` (``dest`` a path) captures the position now, then pickles and writes
         it in a background thread while iteration goes on (buffered tensors and other mutable
-        samples are copied first); it returns a ``concurrent.futures.Future`` of the path, or of
-        the reason the save failed (also logged). One save runs at a time per loader; a second,
-        ``shutdown()`` and the interpreter's exit wait for it. The write is atomic, and across
-        ranks the save stays synchronous (the future is already done).
+        samples are copied first); it returns a ``concurrent.futures.Future`` of the path, or of the
+        reason the save failed (also logged, and raised by the next save or ``shutdown()`` unless read).
+        One save runs at a time per loader; a second, ``shutdown()`` and the exit wait for it (at most
+        30 min). The write is atomic, and across ranks the save stays synchronous (the future is done).
         """
         return self._saver.save(dest, blocking=blocking, include_graph=include_graph, keep_last=keep_last,
                                 key=key, verify=verify)

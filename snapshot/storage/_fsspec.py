@@ -20,6 +20,7 @@ This module knows nothing of snapshots: bytes in, bytes out.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 from collections.abc import Sequence
@@ -33,9 +34,9 @@ __all__ = ["S3_CONFIG", "exists", "index_or_object", "intact_at", "is_url", "rea
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 #: What an ``s3://`` request does against a failing store (botocore's ``Config``), unless fsspec's
-#: configuration says otherwise: ``standard`` retries (up to ``max_attempts`` tries, with exponential
-#: back-off and jitter of at most 20 s), and timeouts in seconds.
-S3_CONFIG: dict[str, Any] = {"retries": {"mode": "standard", "max_attempts": 5}, "connect_timeout": 10,
+#: configuration says otherwise: ``standard`` retries (``total_max_attempts`` tries in all, the first
+#: included, with exponential back-off and jitter of at most 20 s), and timeouts in seconds.
+S3_CONFIG: dict[str, Any] = {"retries": {"mode": "standard", "total_max_attempts": 5}, "connect_timeout": 10,
                              "read_timeout": 60}
 
 
@@ -64,7 +65,8 @@ def _options(url: str, conf: dict[str, Any]) -> dict[str, Any]:
     protocol = url.split("://", 1)[0]
     if protocol not in ("s3", "s3a"):
         return {}
-    return {"config_kwargs": {**S3_CONFIG, **conf.get(protocol, {}).get("config_kwargs", {})}}
+    # a copy: botocore rewrites the retries it is given, in place
+    return {"config_kwargs": copy.deepcopy({**S3_CONFIG, **conf.get(protocol, {}).get("config_kwargs", {})})}
 
 
 def intact_at(url: str) -> str:

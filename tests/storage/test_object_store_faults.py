@@ -83,11 +83,13 @@ def test_the_retries_and_timeouts_are_explicit_and_fsspec_configuration_wins() -
     from snapshot.storage import _fsspec
 
     assert _fsspec._options("s3://bucket/data.snap", {}) == {"config_kwargs": {
-        "retries": {"mode": "standard", "max_attempts": 5}, "connect_timeout": 10, "read_timeout": 60}}
+        "retries": {"mode": "standard", "total_max_attempts": 5}, "connect_timeout": 10, "read_timeout": 60}}
     assert _fsspec._options("s3://bucket/data.snap", {"s3": {"config_kwargs": {"read_timeout": 5}}}) == {
-        "config_kwargs": {"retries": {"mode": "standard", "max_attempts": 5}, "connect_timeout": 10,
+        "config_kwargs": {"retries": {"mode": "standard", "total_max_attempts": 5}, "connect_timeout": 10,
                           "read_timeout": 5}}
     assert _fsspec._options("memory://data.snap", {}) == {}
+    _fsspec._options("s3://bucket/data.snap", {})["config_kwargs"]["retries"]["total_max_attempts"] = 1
+    assert _fsspec.S3_CONFIG["retries"] == {"mode": "standard", "total_max_attempts": 5}  # each client its copy
 
 
 @pytest.mark.slow
@@ -114,7 +116,7 @@ def test_a_store_slower_than_s3fs_default_timeout_still_takes_the_save(store, mo
 
 def test_a_save_the_store_keeps_refusing_is_a_storage_error_and_changes_nothing(store, monkeypatch) -> None:
     bucket, proxy = store
-    configure(monkeypatch, read_timeout=1, connect_timeout=1, retries={"mode": "standard", "max_attempts": 2})
+    configure(monkeypatch, read_timeout=1, connect_timeout=1, retries={"mode": "standard", "total_max_attempts": 2})
     url = f"s3://{bucket}/refused/data.snap"
     with snapshot.DataLoader2(graph()) as dl:
         dl.seed(2)
@@ -147,7 +149,7 @@ def test_a_restore_the_store_keeps_refusing_is_a_storage_error(store, monkeypatc
         dl.seed(2)
         next(iter(dl))
         dl.save_snapshot(url)
-    configure(monkeypatch, read_timeout=1, connect_timeout=1, retries={"mode": "standard", "max_attempts": 2})
+    configure(monkeypatch, read_timeout=1, connect_timeout=1, retries={"mode": "standard", "total_max_attempts": 2})
     with snapshot.DataLoader2(graph()) as dl:
         dl.seed(2)
         with proxy.only("500", method="GET"), pytest.raises(snapshot.StorageError) as info:
@@ -200,7 +202,7 @@ def test_an_index_the_store_refuses_publishes_nothing_and_leaves_no_parts(store,
     from tests.reading_service.test_distributed import check_exactly_once
 
     bucket, proxy = store
-    configure(monkeypatch, read_timeout=1, connect_timeout=1, retries={"mode": "standard", "max_attempts": 2})
+    configure(monkeypatch, read_timeout=1, connect_timeout=1, retries={"mode": "standard", "total_max_attempts": 2})
     url = f"s3://{bucket}/ranks-refused/data.snap"
     before = run_ranks(2, save_at, 3, url, timeout=240)
     published = parts_prefixes(url)

@@ -16,7 +16,9 @@ reaches the caller: it is wrapped in one of these, with the original as ``__caus
     │   ├── ForeignFileError           not a snapshot at all (a torch checkpoint, a pickle, ...)
     │   ├── VersionSkewError           written by a format this version cannot read
     │   ├── SignatureError             unsigned, wrongly signed or tampered (with a key)
-    │   └── UntrustedStateError        restoring would unpickle from the file, and nothing vouches for it
+    │   ├── UntrustedStateError        restoring would unpickle from the file, and nothing vouches for it
+    │   └── StorageError               the storage failed a read or a write (a full disk, an object store's
+    │                                  error, ...); also an OSError, with the errno
     ├── GraphMismatchError             the graph built in code is not the saved graph
     ├── SerializationError             a pipe or a state cannot be pickled (names the pipe)
     ├── RestoreError                   the snapshot is valid but cannot be applied here
@@ -48,6 +50,7 @@ __all__ = [
     "SignatureError",
     "SnapshotError",
     "SnapshotFileError",
+    "StorageError",
     "StrategyError",
     "TruncatedSnapshotError",
     "UntrustedStateError",
@@ -135,6 +138,31 @@ class UntrustedStateError(SnapshotFileError):
                  where: str | None = None):
         super().__init__(message, source=source, offset=offset)
         self.where = where
+
+
+class StorageError(SnapshotFileError, OSError):
+    """The storage failed a read or a write of a snapshot: a full disk (``ENOSPC``), a file-size limit
+    (``EFBIG``), a permission (``EACCES``), a read-only filesystem (``EROFS``), an I/O error (``EIO``), a
+    directory removed meanwhile, or an object store's error (an HTTP status) once its retries are spent.
+
+    ``source`` names the path or URL, ``cause`` the errno's name (``"ENOSPC"``) or the HTTP status
+    (``"HTTP 503 SlowDown"``), and ``intact`` what the failure left as it was ("the previous snapshot at
+    ... is unchanged"). It is also an ``OSError`` whose ``errno`` is the original's (``None`` for an
+    object store's status), so code that caught the raw ``OSError`` still catches it; the original is
+    its ``__cause__``.
+    """
+
+    def __init__(self, message: str, *, source: str | None = None, cause: str = "", intact: str = "",
+                 errno: int | None = None, strerror: str | None = None):
+        super().__init__(message, source=source)
+        self.cause = cause
+        self.intact = intact
+        self.errno = errno
+        self.strerror = strerror
+        self.filename = source
+
+    def __str__(self) -> str:
+        return str(self.args[0])  # the message, not OSError's "[Errno N] ..."
 
 
 class GraphMismatchError(SnapshotError):

@@ -10,6 +10,7 @@ from snapshot.container import _serialization
 from snapshot.container.capture import LoaderState, Snapshot, snapshot_of
 from snapshot.container.format import PathOrFile
 from snapshot.engine.plan import check_restorable
+from snapshot.errors import RankError, WorkerError
 from snapshot.hooks import hook_for
 from snapshot.loader._graph_copy import GraphCopy
 from snapshot.loader._position import LivePosition
@@ -53,8 +54,13 @@ class Saver:
         self.background = BackgroundSaver()
 
     def wait(self) -> None:
-        """Wait for the background save, if one runs."""
+        """Wait for the background save, if one runs (at most ``background.timeout`` seconds; never for one
+        that failed)."""
         self.background.wait()
+
+    def raise_failure(self) -> None:
+        """Raise the failure of the last background save, once, unless its future's outcome was read."""
+        self.background.raise_failure()
 
     def source(self, *, include_graph: bool, verify: int = 0) -> LoaderState:
         """What the loader reports for a capture, after refusing a graph that cannot be restored
@@ -84,6 +90,18 @@ class Saver:
             source.verify = pos.ahead(verify)
         return source
 
+    def _capture(self, dest: PathOrFile | None, *, include_graph: bool, verify: int) -> LoaderState:
+        """:meth:`source` for a save to ``dest``: a worker or a rank that fails meanwhile is an error that
+        names ``dest`` and what is intact there."""
+        try:
+            return self.source(include_graph=include_graph, verify=verify)
+        except (WorkerError, RankError) as exc:
+            if not isinstance(dest, (str, os.PathLike)):
+                raise
+            where = os.fspath(dest)
+            intact = _fsspec.intact_at(where) if _fsspec.is_url(where) else _rotation.intact_at(where)
+            raise type(exc)(f"{where}: the snapshot was not saved: {exc} {intact}") from exc
+
     def save(self, dest: PathOrFile | None, *, blocking: bool, include_graph: bool, keep_last: int | None,
              key: bytes | str | None, verify: int, metadata: dict[str, Any] | None = None) -> Snapshot | Future[str]:
         """``save_snapshot``: after the previous background save, this one, now or in the background."""
@@ -91,6 +109,7 @@ class Saver:
             check_keep_last(dest, keep_last)
         plain = None if metadata is None else check_metadata(metadata)  # refused before anything is captured
         self.wait()
+        self.raise_failure()  # before this save captures anything
         save = self._save_now if blocking else self._save_in_background
         return save(dest, include_graph=include_graph, keep_last=keep_last, key=key, verify=verify, metadata=plain)
 
@@ -99,7 +118,7 @@ class Saver:
         """Capture and, when ``dest`` is given, write (a collective across ranks)."""
         self.graph.check_portable(include_graph)
         collective = self.service.collective()
-        source = self.source(include_graph=include_graph, verify=verify)
+        source = self._capture(dest, include_graph=include_graph, verify=verify)
         source.metadata = metadata
         # a path or a URL: encoded straight into the file (no copy of the state); across ranks, every
         # rank its part of a directory (a local one, or a prefix in object storage), rank 0 the index
@@ -132,7 +151,7 @@ class Saver:
                            metadata=metadata)
             done.set_result(path)
             return done
-        source = self.source(include_graph=include_graph, verify=verify)
+        source = self._capture(dest, include_graph=include_graph, verify=verify)
         source.metadata = metadata  # checked plain data: staged as it is
         source = _staging.stage(source)
 

@@ -147,10 +147,11 @@ class DataLoader2(PausingMethods, Generic[T_co]):
         self._position.reset_seed = True
 
     def shutdown(self) -> None:
-        """Wait for a background save, stop the reading service (worker processes, ...). Safe to
-        call twice. A save after it (or after a ``with`` block) restores exactly where the loader
-        stopped; after a failure of the graph or a worker it raises (see ``LoaderService``)."""
+        """Wait for a background save (at most 30 minutes), stop the reading service (worker processes, ...);
+        then raise, once, the error of a background save that failed unread. Safe to call twice. A save after it
+        restores exactly where the loader stopped; after a failure of the graph or a worker it raises."""
         self._stop(keep_position=True)
+        self._saver.raise_failure()
 
     def _stop_after_error(self, error: BaseException) -> None:
         """The graph raised ``error`` into the loop: stop, keeping why a later save cannot be exact."""
@@ -158,13 +159,15 @@ class DataLoader2(PausingMethods, Generic[T_co]):
         self._stop(keep_position=True, error=error)
 
     def _stop(self, *, keep_position: bool, error: BaseException | None = None) -> None:
-        self._saver.wait()
-        keep_position = keep_position and self._graph.graph is not None
-        self._service.stop(self._position, keep_position=keep_position, error=error)
+        try:
+            self._saver.wait()
+        finally:  # a save that outlasts its bound still leaves the service stopped
+            keep_position = keep_position and self._graph.graph is not None
+            self._service.stop(self._position, keep_position=keep_position, error=error)
 
     def __del__(self) -> None:
-        try:
-            self._stop(keep_position=False)  # nobody saves a collected loader: no capture
+        try:  # no capture (nobody saves a collected loader), no wait (a finalizer may run in the save's thread)
+            self._service.stop(self._position, keep_position=False)
         except Exception:  # noqa: BLE001 - never raise from a finalizer (nor for a loader its __init__ refused)
             pass
 
@@ -172,7 +175,9 @@ class DataLoader2(PausingMethods, Generic[T_co]):
         return self
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
-        self.shutdown()
+        self._stop(keep_position=True)
+        if exc_type is None:  # an error on its way out wins over a failed background save's (logged already)
+            self._saver.raise_failure()
 
     # -- snapshots ------------------------------------------------------------------------
 
@@ -206,10 +211,10 @@ class DataLoader2(PausingMethods, Generic[T_co]):
 
         ``blocking=False`` (``dest`` a path) captures the position now, then pickles and writes
         it in a background thread while iteration goes on (buffered tensors and other mutable
-        samples are copied first); it returns a ``concurrent.futures.Future`` of the path, or of
-        the reason the save failed (also logged). One save runs at a time per loader; a second,
-        ``shutdown()`` and the interpreter's exit wait for it. The write is atomic, and across
-        ranks the save stays synchronous (the future is already done).
+        samples are copied first); it returns a ``concurrent.futures.Future`` of the path, or of the
+        reason the save failed (also logged, and raised by the next save or ``shutdown()`` unless read).
+        One save runs at a time per loader; a second, ``shutdown()`` and the exit wait for it (at most
+        30 min). The write is atomic, and across ranks the save stays synchronous (the future is done).
 
         ``metadata``: plain JSON data (64 KiB at most: ``schema.manifest.check_metadata``) for this save's
         manifest only, given back by ``Snapshot.metadata``; across ranks the index keeps rank 0's.

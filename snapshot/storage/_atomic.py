@@ -3,6 +3,8 @@
 Saves write ``.NAME.snapshot-tmp.<pid>.<host>-<random>`` and rename it over ``NAME``; the
 next save into a directory removes such files whose writer is gone (a killed save). A path
 with a scheme (``s3://...``) is written in one upload through :mod:`snapshot.storage._fsspec`.
+A write the storage refuses (a full disk, a file-size limit, ...) removes its temporary file and
+raises a :class:`~snapshot.errors.StorageError` saying so (:mod:`snapshot.storage._failures`).
 
 This module knows nothing of snapshots: bytes in, bytes out.
 """
@@ -21,8 +23,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import IO, Any
 
 from snapshot.container.format import PathOrFile
-from snapshot.errors import SnapshotFileError
-from snapshot.storage import _fsspec
+from snapshot.errors import SnapshotError, SnapshotFileError
+from snapshot.storage import _failures, _fsspec
 
 __all__ = ["atomic_file", "atomic_write", "remove_stale_temporaries", "temp_name"]
 
@@ -74,7 +76,7 @@ def remove_stale_temporaries(directory: str) -> list[str]:
         try:
             os.unlink(os.path.join(directory, name))
             removed.append(name)
-        except (FileNotFoundError, IsADirectoryError, PermissionError):
+        except OSError:  # gone meanwhile, a directory, or the storage refuses: the save reports its own failure
             pass
     return removed
 
@@ -91,6 +93,7 @@ def _check_writable(dest: Any) -> None:
         raise TypeError("a snapshot is binary: open the file with mode 'wb', not in text mode")
 
 
+_NO_TEMPORARY = "No temporary file is left."
 #: Bytes per write when a save reports its progress.
 _CHUNK = 8 << 20
 
@@ -129,39 +132,79 @@ def atomic_file(dest: PathOrFile) -> Iterator[IO[bytes]]:
     """
     _check_writable(dest)
     if not isinstance(dest, (str, os.PathLike)):
-        if _seekable(dest):
-            yield dest
-        else:
+        name = str(getattr(dest, "name", "<file object>"))
+        try:
+            if _seekable(dest):
+                yield dest
+            else:
+                with tempfile.TemporaryFile() as spool:
+                    yield spool
+                    spool.seek(0)
+                    for chunk in iter(lambda: spool.read(_CHUNK), b""):
+                        dest.write(chunk)
+            flush = getattr(dest, "flush", None)
+            if flush is not None:
+                flush()
+        except OSError as exc:
+            if isinstance(exc, SnapshotError):
+                raise
+            raise _failures.write_error(exc, name, intact="A file object is written in place, not atomically: "
+                                        "it may hold a part of the snapshot.") from exc
+        return
+    if _fsspec.is_url(dest):
+        url = str(dest)
+        try:
             with tempfile.TemporaryFile() as spool:
                 yield spool
                 spool.seek(0)
-                for chunk in iter(lambda: spool.read(_CHUNK), b""):
-                    dest.write(chunk)
-        flush = getattr(dest, "flush", None)
-        if flush is not None:
-            flush()
-        return
-    if _fsspec.is_url(dest):
-        with tempfile.TemporaryFile() as spool:
-            yield spool
-            spool.seek(0)
-            _fsspec.write_bytes(str(dest), iter(lambda: spool.read(_CHUNK), b""))  # type: ignore[arg-type]
+                _fsspec.write_bytes(url, iter(lambda: spool.read(_CHUNK), b""))  # type: ignore[arg-type]
+        except OSError as exc:
+            if isinstance(exc, SnapshotError):
+                raise
+            raise _failures.write_error(exc, url, intact=_fsspec.intact_at(url),
+                                        what="the snapshot was not written (its local temporary copy failed)"
+                                        ) from exc
         return
     path, directory = _prepare(dest)
     tmp = os.path.join(directory, temp_name(os.path.basename(path)))
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        raise _failures.write_error(exc, path, intact=f"{_failures.intact_at(path)} {_NO_TEMPORARY}") from exc
     try:
         with os.fdopen(fd, "w+b") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+    except BaseException as exc:
+        left = _remove(tmp)
+        if isinstance(exc, OSError) and not isinstance(exc, SnapshotError):
+            raise _failures.write_error(exc, path, intact=f"{_failures.intact_at(path)} {left}") from exc
         raise
+    try:
+        _sync_directory(directory)
+    except OSError as exc:
+        raise _failures.write_error(
+            exc, path, what="the snapshot was written but may not survive a crash",
+            intact=f"The new snapshot is at {path}, but its directory could not be synced: after a crash of the "
+                   "machine the previous one may be back.") from exc
+
+
+def _remove(tmp: str) -> str:
+    """Remove a failed save's temporary file; what is left, in a sentence."""
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        return (f"Its temporary file {tmp} could not be removed ({exc.strerror or exc}); the next save into the "
+                "directory removes it.")
+    return _NO_TEMPORARY
+
+
+def _sync_directory(directory: str) -> None:
+    """fsync ``directory``, so that a rename in it survives a crash."""
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
@@ -191,5 +234,8 @@ def _prepare(dest: str | os.PathLike[str]) -> tuple[str, str]:
         raise SnapshotFileError(
             f"cannot create the directory {directory}: a file is in the way ({exc.filename or directory})",
             source=source) from exc
+    except OSError as exc:
+        raise _failures.write_error(exc, source, what=f"the snapshot was not written (cannot create the directory "
+                                    f"{directory})") from exc
     remove_stale_temporaries(directory)
     return path, directory

@@ -18,8 +18,8 @@ from typing import Any
 from snapshot import _progress, schema
 from snapshot.container import _dict_form, format
 from snapshot.container.capture import LoaderState, Snapshot
-from snapshot.errors import CorruptSnapshotError, ManifestError, SnapshotFileError
-from snapshot.storage import _atomic, _object_directory, _sources, _stream, multipart
+from snapshot.errors import CorruptSnapshotError, ManifestError
+from snapshot.storage import _atomic, _failures, _object_directory, _sources, _stream, multipart
 
 __all__ = ["is_directory", "load", "merge_parts", "save", "write"]
 
@@ -173,7 +173,7 @@ def load(src: Any, *, key: bytes | str | None = None, allow_pickle: bool = False
     else:
         try:
             container = _sources.read_container(src, key=key)
-        except OSError as exc:
-            raise SnapshotFileError(f"cannot read the snapshot: {exc}", source=str(src)) from exc
+        except OSError as exc:  # a file object's read
+            raise _failures.read_error(exc, str(getattr(src, "name", src))) from exc
         source = str(getattr(src, "name", src))
     return _decode(container, source, trusted)

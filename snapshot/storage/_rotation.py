@@ -16,9 +16,9 @@ import shutil
 from collections.abc import Iterator
 
 from snapshot.errors import SnapshotError
-from snapshot.storage import _sources
+from snapshot.storage import _failures, _sources
 
-__all__ = ["latest", "prune", "prune_check", "snapshots"]
+__all__ = ["intact_at", "latest", "prune", "prune_check", "snapshots"]
 
 _log = logging.getLogger(__name__)
 _NUMBER = re.compile(r"\d+")
@@ -89,6 +89,19 @@ def latest(directory: str | os.PathLike[str]) -> str | None:
     """
     found = snapshots(directory)
     return found[-1] if found else None
+
+
+def intact_at(dest: str) -> str:
+    """What a save to the local path ``dest`` that failed before its commit left: the snapshot at ``dest``,
+    or else the newest of its directory (:func:`latest`), which is still the one to restore."""
+    said = _failures.intact_at(dest)
+    if os.path.lexists(dest):
+        return said
+    try:
+        newest = latest(os.path.dirname(os.path.abspath(dest)))
+    except OSError:  # the directory cannot be read: say only what is known
+        return said
+    return f"{said} The newest snapshot there is still {newest}." if newest else said
 
 
 def _sibling_pattern(name: str) -> re.Pattern[str]:

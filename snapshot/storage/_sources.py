@@ -11,7 +11,7 @@ from typing import Any
 from snapshot.container import format
 from snapshot.container.format import PathOrFile
 from snapshot.errors import SnapshotFileError
-from snapshot.storage import _fsspec
+from snapshot.storage import _failures, _fsspec
 
 __all__ = ["path_error", "read_bytes", "read_container", "read_manifest", "source_name"]
 
@@ -51,7 +51,7 @@ def path_error(exc: OSError, source: str) -> SnapshotFileError:
                                  "inside it, or the directory a distributed run saved", source=source)
     if isinstance(exc, NotADirectoryError):
         return SnapshotFileError("a part of this path is a file, not a directory; check the path", source=source)
-    return SnapshotFileError(f"cannot be read: {exc.strerror or exc}", source=source)
+    return _failures.read_error(exc, source)
 
 
 def read_bytes(src: PathOrFile) -> bytes:

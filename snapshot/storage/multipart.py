@@ -49,11 +49,11 @@ from snapshot.container._parts import (
 )
 from snapshot.container.capture import LoaderState, Snapshot
 from snapshot.errors import CorruptSnapshotError, RankError, SnapshotError, SnapshotFileError
-from snapshot.storage import _atomic, _rotation, _sources, _stream
+from snapshot.storage import _atomic, _failures, _rotation, _sources, _stream
 
 __all__ = ["MANIFEST", "Select", "check_part", "commit", "distributed_manifest", "is_directory_snapshot",
-           "join_parts", "part_info", "part_name", "parts_state_dict", "read_index", "read_parts", "save_directory",
-           "selected", "split_parts", "staging", "without_index", "write_part"]
+           "join_parts", "not_saved", "part_info", "part_name", "parts_state_dict", "read_index", "read_parts",
+           "save_directory", "selected", "split_parts", "staging", "without_index", "write_part"]
 
 MANIFEST = format.DIRECTORY_MANIFEST
 part_name = schema.part_name
@@ -190,37 +190,54 @@ def save_directory(collective: Any, source: LoaderState, dest: Any, key: bytes |
     The ranks agree on the save's id first, so that each part is written once, carrying it (no copy of
     the state is held: :func:`snapshot.storage._stream.write_part`). On any failure (a rank that cannot
     write, dies or hangs) nothing is published, the staging directory is removed, and the previous
-    snapshot stays.
+    snapshot stays: every rank raises a :class:`RankError` that names ``dest`` and says so.
     """
     token = collective.broadcast(uuid.uuid4().hex[:12], "agreeing on a snapshot directory")
-    directory = staging(os.fspath(dest), token)
     try:
-        return _save_parts(collective, directory, source, dest, key, token)
-    except BaseException:
-        shutil.rmtree(directory, ignore_errors=True)
+        directory = staging(os.fspath(dest), token)
+    except OSError as exc:
+        directory, failure = None, _failures.write_error(exc, os.fspath(dest), what="cannot create the directory "
+                                                         "of this rank's part")
+    try:
+        if directory is None:
+            write_part(collective, source, "", token, key, failure=failure)
+        return _save_parts(collective, directory, source, dest, key, token)  # type: ignore[arg-type]
+    except BaseException as exc:
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+        if isinstance(exc, RankError):
+            raise not_saved(exc, os.fspath(dest), _rotation.intact_at(os.path.abspath(os.fspath(dest)))
+                            ) from exc.__cause__
         raise
 
 
+def not_saved(exc: RankError, dest: str, intact: str) -> RankError:
+    """The :class:`RankError` every rank raises when a collective save to ``dest`` failed: what failed, and
+    what is intact (raise it from ``exc.__cause__``: the failure itself, on the rank where it happened)."""
+    return RankError(f"{dest}: the snapshot was not saved: {exc} {intact}")
+
+
 def write_part(collective: Any, source: LoaderState, path: str, token: str, key: bytes | str | None, *,
-               on_failure: Callable[[], None] | None = None) -> tuple[schema.Manifest, list[dict[str, Any]]]:
+               on_failure: Callable[[], None] | None = None,
+               failure: BaseException | None = None) -> tuple[schema.Manifest, list[dict[str, Any]]]:
     """This rank's part of the save ``token``, encoded straight into ``path`` (a path or a URL); then every
     rank's record of its part (a collective), or a :class:`RankError` on every rank, naming each rank that
-    could not write (after ``on_failure()``, on rank 0: remove what the ranks wrote)."""
-    error: str | None = None
-    failure: BaseException | None = None
+    could not write (after ``on_failure()``, on rank 0: remove what the ranks wrote). ``failure`` is why
+    this rank cannot write at all (it only takes part in the collective)."""
+    error: str | None = f"{type(failure).__name__}: {failure}" if failure is not None else None
     info: dict[str, Any] = {}
     manifest: schema.Manifest | None = None
-    try:
-        manifest, info = _stream.write_part(source, path, rank=collective.rank, save=token, key=key)
-    except (OSError, SnapshotError) as exc:
-        error, failure = f"{type(exc).__name__}: {exc}", exc
+    if failure is None:
+        try:
+            manifest, info = _stream.write_part(source, path, rank=collective.rank, save=token, key=key)
+        except (OSError, SnapshotError) as exc:
+            error, failure = f"{type(exc).__name__}: {exc}", exc
     infos = collective.all_gather({**info, "rank": collective.rank, "error": error}, "writing the parts of a snapshot")
     failed = [i for i in infos if i["error"]]
     if failed:
         if on_failure is not None and collective.rank == 0:
             on_failure()
-        raise RankError("the snapshot was not written (the previous one is intact): " +
-                        "; ".join(f"rank {i['rank']} could not write its part: {i['error']}" for i in failed)
+        raise RankError("; ".join(f"rank {i['rank']} could not write its part: {i['error']}" for i in failed)
                         ) from failure
     assert manifest is not None
     return manifest, infos
@@ -236,9 +253,11 @@ def _save_parts(collective: Any, directory: str, source: LoaderState, dest: Any,
             _atomic.atomic_write(os.path.join(directory, MANIFEST),
                                  format.pack(distributed_manifest(infos, save=token), b"", key=key))
             commit(os.fspath(dest), directory)
-        except (OSError, SnapshotError) as exc:
+        except OSError as exc:
+            error = _failures.describe(exc)
+        except SnapshotError as exc:
             error = f"{type(exc).__name__}: {exc}"
     done = collective.broadcast(error, "publishing a snapshot")
     if done is not None:
-        raise RankError(f"the snapshot was not published (the previous one is intact): rank 0: {done}")
+        raise RankError(f"rank 0 could not publish it: {done}")
     return _stream.written(path, manifest)

@@ -64,7 +64,8 @@ def test_atomic_save_keeps_the_previous_file_when_the_write_fails(tmp_path, monk
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", boom)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(snapshot.StorageError, match=f"{path}: the snapshot was not written: OSError: disk full. "
+                       f"The previous snapshot at {path} is unchanged. No temporary file is left."):
         snapshot.save(make_snapshot(samples=2), path)
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["a.snap"]  # no temp file left

@@ -33,6 +33,7 @@ EXPECTED = [
     "Snapshot",
     "SnapshotError",
     "SnapshotFileError",
+    "StorageError",
     "StrategyError",
     "TruncatedSnapshotError",
     "UntrustedStateError",

@@ -135,8 +135,9 @@ def test_a_rank_that_cannot_write_its_part_publishes_nothing(tmp_path) -> None:
     first = results[0]["first"]
     for rank, result in enumerate(results):
         assert result["error"] is not None and result["error"].startswith(
-            "the snapshot was not written (the previous one is intact): rank 1 could not write its part: "
+            f"{directory}: the snapshot was not saved: rank 1 could not write its part: "
             "SerializationError: cannot pickle"), result["error"]
+        assert result["error"].endswith(f"The previous snapshot at {directory} is unchanged.")
         assert "the DataPipe at 0 (logical shard 1)" in result["error"]
         assert "TypeError: this sample refuses to be pickled" in result["error"]
         assert result["cause"] == ("SerializationError" if rank == 1 else "NoneType")

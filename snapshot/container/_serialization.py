@@ -216,12 +216,17 @@ _ABSENT = object()
 
 
 def dumps_graph(datapipe: Any) -> bytes:
-    """Pickle a DataPipe graph with dill, naming the pipe that fails.
+    """Pickle a DataPipe graph (with the standard pickler, in C, when it can: dill's is Python, and a
+    shuffle's random generator alone is 625 ints; else with dill), naming the pipe that fails.
 
     Functions and classes of ``__main__`` (a script, a notebook) refer to this process's
     ``__main__`` and share its globals: the loader's own copy of the graph sees the script's
     globals as they change. A snapshot keeps :func:`portable_graph` instead.
     """
+    try:
+        return _pickle(datapipe)
+    except Exception:  # noqa: BLE001 - a lambda, a local function, ...: dill pickles them
+        pass
     try:
         with _ByValueClasses(datapipe):
             return _DILL + dill.dumps(datapipe, protocol=pickle.HIGHEST_PROTOCOL)

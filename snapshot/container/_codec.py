@@ -85,6 +85,6 @@ def encode(value: Any, where: str = "state") -> tuple[bytes, list[tuple[str, Any
     []
     """
     out = io.BytesIO()
-    encoder = Encoder(out.write)
+    encoder = Encoder(out.write, frame=0)
     encoder.encode(value, where)
     return out.getvalue(), encoder.pickled

@@ -107,6 +107,7 @@ class Decoder:
         self._depth = 0
         self._pending: list[tuple[memoryview, int]] = []  # arrays and tensors to fill, in order
         self._pending_bytes = 0
+        self._descriptors: dict[bytes, tuple[Any, tuple[int, ...], int]] = {}
         self._options = {**types.UNPACK_OPTIONS, "ext_hook": self._ext}
         self._hooks: dict[int, Callable[[bytes], Any]] = {
             types.TUPLE: self._tuple, types.SET: self._set, types.FROZENSET: self._frozenset,
@@ -118,6 +119,23 @@ class Decoder:
 
     def next(self) -> Any:
         """The next value (its arrays filled)."""
+        reader = self.reader
+        if isinstance(reader, MemoryReader) and not self._ahead:  # at once: msgpack's unpackb starts sooner
+            start = reader.offset
+            try:
+                value, ahead = msgpack.unpackb(reader.view[start:], **self._options), b""
+            except msgpack.ExtraData as extra:  # the bytes after the tree: buffers (or the next value)
+                value, ahead = extra.unpacked, extra.extra
+            except (_CallerError, SnapshotError, _Corrupt, *_BROKEN):
+                return self._streamed()  # the same, read as a stream, names what is wrong and where
+            reader.offset = len(reader.view)
+            self.position += len(reader.view) - start - len(ahead)
+            self._fill(ahead)
+            return value
+        return self._streamed()
+
+    def _streamed(self) -> Any:
+        self._pending, self._pending_bytes = [], 0
         counting = _Counting(self._ahead, self.reader)
         left = max(self.limit - self.position, 1)
         unpacker = msgpack.Unpacker(counting, read_size=min(_READ_SIZE, left), max_buffer_size=left,
@@ -280,6 +298,20 @@ class Decoder:
     def _array(self, data: bytes) -> Any:
         import numpy
 
+        known = self._descriptors.get(data)  # a buffer of samples: many arrays of one dtype and shape
+        if known is None:
+            known = self._descriptor(data)
+            if len(self._descriptors) < 256:
+                self._descriptors[data] = known
+        dtype, shape, size = known
+        self._reserve(size, size, lambda: f"an array of shape {shape} and dtype {dtype}")
+        array = numpy.empty(shape, dtype)
+        if size:
+            self._pending.append((memoryview(array.reshape(-1).view(numpy.uint8)), size))
+        return array
+
+    def _descriptor(self, data: bytes) -> tuple[Any, tuple[int, ...], int]:
+        """An array's dtype, shape and size in bytes, checked."""
         fields = self._items(data, "array")
         if len(fields) != 3:
             raise _Corrupt(f"an array whose descriptor is {_shown(fields)}")
@@ -289,11 +321,10 @@ class Decoder:
         count = types.elements(shape)
         if dtype.itemsize == 0 and count:
             raise _Corrupt(f"an array of shape {shape} whose dtype {dtype} has no bytes an element")
-        self._reserve(size, count * dtype.itemsize, lambda: f"an array of shape {shape} and dtype {dtype}")
-        array = numpy.empty(shape, dtype)
-        if size:
-            self._pending.append((memoryview(array.reshape(-1).view(numpy.uint8)), size))
-        return array
+        if size != count * dtype.itemsize or type(size) is not int:
+            raise _Corrupt(f"an array of shape {shape} and dtype {dtype} needs {count * dtype.itemsize} bytes, "
+                           f"its descriptor says {_shown(size)}")
+        return dtype, shape, size
 
     def _numpy_scalar(self, data: bytes) -> Any:
         descr, raw = self._fields(data, "numpy scalar", (str, list), bytes)

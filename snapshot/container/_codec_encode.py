@@ -14,6 +14,7 @@ import struct
 import sys
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
+from operator import itemgetter
 from typing import Any
 
 import msgpack
@@ -30,6 +31,7 @@ _FLUSH_AT = 64 * 1024  # the tree's small pieces are handed to ``write`` when th
 SPINE = 7
 _CHUNK_BYTES = 1 << 20  # a big list or dict is packed in chunks of about this many bytes
 _ROWS = 16  # a list of more tuples than this is written by columns
+_CHUNKED = 8  # a longer list or dict is packed in chunks
 _MAX_CHUNK = 4096  # items; a chunk starts at one item and doubles while it stays small
 _HEADER = {0xdc: 3, 0xdd: 5, 0xde: 3, 0xdf: 5}  # msgpack's array and map headers of 16 and 32 bits
 _COMPLEX = struct.Struct("<dd")
@@ -52,11 +54,12 @@ class Encoder:
     """
 
     def __init__(self, write: Callable[[bytes | memoryview], Any],
-                 measure: dict[int, tuple[Any, ...]] | None = None) -> None:
+                 measure: dict[int, tuple[Any, ...]] | None = None, *, frame: int = SPINE) -> None:
         self.pickled: list[tuple[str, Any]] = []
         self.written = 0
         self.sizes: dict[Any, int] = {}
         self._measure = measure or {}
+        self._spine = frame  # the levels of the frame (0: a value that is not a payload is packed at once)
         self._write = write
         self._buffer = bytearray()
         self._buffers: list[Any] = []  # arrays and flat tensors whose bytes follow the tree, in order
@@ -90,8 +93,8 @@ class Encoder:
 
     def _value(self, value: Any, depth: int) -> None:
         kind = type(value)
-        frame = (kind is dict and depth <= SPINE) or (
-            kind is list and depth < SPINE and all(type(x) is dict or x is None for x in value))
+        frame = (kind is dict and depth <= self._spine) or (
+            kind is list and depth < self._spine and all(type(x) is dict or x is None for x in value))
         if frame and id(value) in self._active:  # the frame holds itself: not data
             self._emit(self._pack(NotData(value), self._root_steps()))
         elif frame:
@@ -101,7 +104,7 @@ class Encoder:
         elif kind is list and len(value) > _ROWS and set(map(type, value)) == {tuple} \
                 and len(lengths := set(map(len, value))) == 1 and lengths != {0}:
             self._emit(self._pack(Rows(value), self._root_steps()))
-        elif (kind is dict or kind is list) and len(value) > 1:
+        elif (kind is dict or kind is list) and len(value) > _CHUNKED:
             self._chunked(value)
         else:
             self._emit(self._pack(value, self._root_steps()))
@@ -247,8 +250,9 @@ class Encoder:
         self._objects.append(value)
         return _new(_ext, (types.PICKLED, (len(self._objects) - 1).to_bytes(8, "little")))
 
-    def _rows(self, rows: Rows) -> Any:  # by columns: zip() makes and takes the tuples in C
-        return _new(_ext, (types.ROWS, self._nested([len(rows.value), *map(list, zip(*rows.value))])))
+    def _rows(self, rows: Rows) -> Any:  # by columns: each taken (and, decoding, the tuples made) in C
+        columns = [list(map(itemgetter(index), rows.value)) for index in range(len(rows.value[0]))]
+        return _new(_ext, (types.ROWS, self._nested([len(rows.value), *columns])))
 
     def _tuple(self, value: tuple[Any, ...]) -> Any:
         return _new(_ext, (types.TUPLE, self._nested(list(value))))

@@ -53,7 +53,7 @@ class InProcessReadingService(ShardedService):
     def _default_shards(self) -> int:
         return 1
 
-    def _prepare(self, datapipe: Any) -> Any:
+    def prepare(self, datapipe: Any) -> Any:
         if self.init_fn is not None:
             datapipe = self.init_fn(datapipe, WorkerInfo(1, 0))
         return datapipe

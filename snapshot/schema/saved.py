@@ -20,7 +20,7 @@ from snapshot.schema._fields import (
     _seed,
     _str,
 )
-from snapshot.schema.layout import LoaderPosition, ServiceLayout
+from snapshot.schema.layout import Handout, LoaderPosition, ServiceLayout
 from snapshot.schema.state import NodeState, SeedsState, ShardState, TailState, UpstreamState, _any, _items
 
 __all__ = ["RankServiceState", "RankState", "SavedState", "ServiceState", "map_node_states"]
@@ -33,19 +33,28 @@ class RankServiceState:
     VERSION: ClassVar[int] = 1
 
     rank: int
-    #: That rank's merge position (``reading_service._merge.RoundRobin.state()``).
+    #: That rank's merge position (``reading_service._merge.RoundRobin.state()``; ``None``: its part was not read).
     merge: Any = None
-    #: That rank's ``even_batches`` record (``reading_service._even``).
+    #: That rank's ``even_batches`` record (``reading_service._even``; ``None``: its part was not read).
     even_batches: Any = None
+    #: What it hands out besides its stream, counted (from the index: known for every rank).
+    handout: Handout | None = None
+    #: Its loader had ended the saved epoch (from the index).
+    epoch_finished: bool = False
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "rank") -> RankServiceState:
         f = _Fields(value, where)
         return cls(rank=f.required("rank", _int), merge=f.get("merge", _any, None),
-                   even_batches=f.get("even_batches", _any, None))
+                   even_batches=f.get("even_batches", _any, None), handout=f.get("handout", Handout.from_dict, None),
+                   epoch_finished=f.get("epoch_finished", _bool, False))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "merge": self.merge, "even_batches": self.even_batches}
+        out = {"rank": self.rank, "merge": self.merge, "even_batches": self.even_batches,
+               "epoch_finished": self.epoch_finished}
+        if self.handout is not None:
+            out["handout"] = self.handout.to_dict()
+        return out
 
 
 def _shards(value: Any, where: str) -> list[ShardState | None]:

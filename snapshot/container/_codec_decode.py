@@ -307,7 +307,8 @@ class Decoder:
         self._reserve(size, size, lambda: f"an array of shape {shape} and dtype {dtype}")
         array = numpy.empty(shape, dtype)
         if size:
-            self._pending.append((memoryview(array.reshape(-1).view(numpy.uint8)), size))
+            flat: Any = array.reshape(-1).view(numpy.uint8)
+            self._pending.append((memoryview(flat), size))
         return array
 
     def _descriptor(self, data: bytes) -> tuple[Any, tuple[int, ...], int]:
@@ -347,7 +348,8 @@ class Decoder:
         if size:
             raw = torch.empty(size, dtype=torch.uint8)
             tensor = raw.view(dtype).reshape(shape)
-            self._pending.append((memoryview(raw.numpy()), size))
+            flat: Any = raw.numpy()
+            self._pending.append((memoryview(flat), size))
         else:
             tensor = torch.empty(shape, dtype=dtype)
         return tensor.requires_grad_() if requires_grad else tensor

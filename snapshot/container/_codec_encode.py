@@ -142,7 +142,7 @@ class Encoder:
         is_dict = type(value) is dict
         packer = self._packers[0]
         self._emit(packer.pack_map_header(len(value)) if is_dict else packer.pack_array_header(len(value)))
-        items: Iterator[Any] = iter(value.items()) if is_dict else iter(value)
+        items: Iterator[Any] = iter(value.items()) if isinstance(value, dict) else iter(value)
         done, size = 0, 1
         while done < len(value):
             part: Any = list(itertools.islice(items, size))

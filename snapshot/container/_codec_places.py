@@ -120,10 +120,10 @@ def bounded(value: Any, cyclic: set[int], depth: int = 0) -> Any:
     if id(value) in cyclic or depth >= types.MAX_DEPTH:
         return NotData(value)
     if isinstance(value, dict):
-        items = {bounded(k, cyclic, depth + 1): bounded(v, cyclic, depth + 1) for k, v in value.items()}
-        return defaultdict(value.default_factory, items) if kind is defaultdict else items
+        pairs = {bounded(k, cyclic, depth + 1): bounded(v, cyclic, depth + 1) for k, v in value.items()}
+        return defaultdict(value.default_factory, pairs) if isinstance(value, defaultdict) else pairs
     items = [bounded(item, cyclic, depth + 1) for item in value]
-    return deque(items, value.maxlen) if kind is deque else kind(items)
+    return deque(items, value.maxlen) if isinstance(value, deque) else kind(items)
 
 
 def _short_repr(key: Any) -> str:

@@ -121,7 +121,7 @@ def pack_parts(manifest: Mapping[str, Any], payload: bytes, *, key: bytes | str 
     one its data encoding)."""
     manifest_bytes = _manifest_bytes(manifest)
     secret = resolve_key(key)
-    version = manifest.get(FORMAT) if manifest.get(FORMAT) in (1, 2) else FORMAT_VERSION
+    version: int = manifest[FORMAT] if manifest.get(FORMAT) in (1, 2) else FORMAT_VERSION
     head = header(version, secret, manifest_bytes, len(payload), _sha256(payload))
     parts = [head, manifest_bytes, payload] if version == 1 else [head, payload, manifest_bytes]
     if secret is not None:

@@ -56,8 +56,8 @@ def _block(items: list[Any]) -> list[Any] | None:
             return None
         return list(numpy.concatenate(items, axis=0).reshape(len(items), *shape))
     if kinds == {torch.Tensor}:
-        layouts = {(t.dtype, t.shape, t.device.type, t.layout, t.requires_grad) for t in items}
-        if len(layouts) != 1 or layouts.pop()[2:] != ("cpu", torch.strided, False):
+        tensors = {(t.dtype, t.shape, t.device.type, t.layout, t.requires_grad) for t in items}
+        if len(tensors) != 1 or tensors.pop()[2:] != ("cpu", torch.strided, False):
             return None
         return list(torch.stack(items).unbind(0))
     return None

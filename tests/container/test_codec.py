@@ -7,8 +7,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
-import math
 import io
+import math
 import mmap
 import os
 import pickle

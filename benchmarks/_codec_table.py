@@ -4,8 +4,8 @@
    ``msgpack.packb``/``unpackb`` (raw: its own types, an array as an ext of its bytes): 10,000 positions as
    tuples of 3 ints, 12 small node states, 2,000 numpy arrays of 16 KiB. Minimum of ``repeat`` runs (a shared
    machine stretches the others). Budgets: ours at most pickle's time, and at most 1.5x msgpack's raw time.
-2. Through the public API, a user pipe (torchdata's ``Stateful`` protocol) whose state is a set of 20,000
-   ids and 10,000 ``(file, offset, count)`` tuples: ``save_snapshot(path)`` against ``pickle.dump`` of the
+2. Through the public API, a user pipe (torchdata's ``Stateful`` protocol) that has read 10,000 items,
+   whose state is a set of their ids and their 10,000 ``(file, offset, count)`` tuples: ``save_snapshot(path)`` against ``pickle.dump`` of the
    same state to a file, and, in a fresh process each, a restore to the first sample against
    ``pickle.load`` of that file. Budget: within 1.5x of pickle.
 """
@@ -189,7 +189,7 @@ def run(repeat: int) -> dict[str, Any]:
             print(f"   {r['state']}, {step}: {ours / pick:.2f}x pickle, {ours / raw:.2f}x msgpack "
                   f"{'PASS' if ok else 'FAIL'}")
     api = api_figures(repeat)
-    print("\nthe public API, a Stateful pipe holding a set of 20,000 ids and 10,000 (file, offset, count) tuples "
+    print("\nthe public API, a Stateful pipe holding a set of 10,000 ids and 10,000 (file, offset, count) tuples "
           "(medians of", repeat, "fresh processes):")
     save_ok = api["save"] <= PICKLE_BUDGET * api["pickle_dump"]
     restore_ok = api["restore"] <= PICKLE_BUDGET * api["pickle_load"]

@@ -9,13 +9,10 @@ import hashlib
 import platform
 from collections.abc import Mapping
 from importlib import metadata
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from snapshot import schema
 from snapshot._version import __version__
-
-if TYPE_CHECKING:
-    from snapshot.container.capture import LoaderState
 
 __all__ = ["manifest_of", "node_states"]
 
@@ -113,11 +110,11 @@ def _node_seeds(seeds: schema.SeedsState | None) -> dict[str, str]:
     return node_seeds
 
 
-def manifest_of(source: LoaderState, service: schema.ServiceState | None, payload: dict[str, Any],
+def manifest_of(source: Any, service: schema.ServiceState | None, payload: dict[str, Any],
               sizes: dict[Any, int]) -> schema.Manifest:
-    """The manifest of ``source`` (its service's state read into ``service``), whose payload ``payload``
-    records (size, digest, sections); ``sizes``: each node state's encoded size, by its place (see
-    :func:`_node_states`)."""
+    """The manifest of ``source`` (a ``capture.LoaderState``, its service's state read into ``service``),
+    whose payload ``payload`` records (size, digest, sections); ``sizes``: each node state's encoded size,
+    by its place (see :func:`node_states`)."""
     verify = source.verify
     return schema.Manifest(
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds"),

@@ -1,4 +1,4 @@
-"""Packaging for ``snapshot`` (distributed as ``datapipe-snapshot``). Runtime: torch, dill and tqdm."""
+"""Packaging for ``snapshot`` (distributed as ``datapipe-snapshot``). Runtime: torch, dill, tqdm and msgpack."""
 
 import re
 from pathlib import Path
@@ -75,8 +75,9 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["snapshot", "snapshot.*"]),
     package_data={"snapshot": ["py.typed"]},
-    # tqdm: progress bars of long restores and saves (pure Python; snapshot runs without it)
-    install_requires=[TORCH, "dill>=0.3.8", "tqdm>=4.66"],
+    # tqdm: progress bars of long restores and saves (pure Python; snapshot runs without it);
+    # msgpack: the state's data encoding (a C extension with wheels for every platform torch has, no deps)
+    install_requires=[TORCH, "dill>=0.3.8", "tqdm>=4.66", "msgpack>=1.0.5,<2"],
     extras_require=EXTRAS,
     entry_points={"console_scripts": ["snapshot=snapshot.cli:main"]},
     classifiers=[

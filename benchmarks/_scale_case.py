@@ -3,7 +3,8 @@
 ``python -m benchmarks._scale_case KIND BUFFER SIZE OPTION ITEMS`` prints one JSON line. KIND is
 
 - ``sync``: ``save_snapshot(path)`` (its time, the file's size), then a restore into a new
-  loader up to its first sample (its time);
+  loader up to its first sample (its time, and its peak memory above the new loader's, measured as the
+  save's once the first loader is gone);
 - ``background``: ``save_snapshot(path, blocking=False)``: the time until it returns (the
   blocking part) and until its future is done, while the loader takes up to 100 more samples;
 - ``dcp-items`` / ``dcp-one``: ``torch.distributed.checkpoint.async_save`` (one process, no
@@ -163,11 +164,15 @@ def _save(kind: str, buffer: int, size: int, option: str, items: str, directory:
     result["size"] = os.path.getsize(path)
     loader.shutdown()
     if kind == "sync":
-        start = time.perf_counter()
+        del loader, it
         restored: Any = snapshot.DataLoader2(build(buffer, size, items), buffer_state=option)
+        before, reset = _settle()  # the restore's peak: what it adds above a loader with its graph
+        result["peak_reset"] = result["peak_reset"] and reset
+        start = time.perf_counter()
         restored.restore_snapshot(path)
         next(iter(restored))
         result["restore"] = time.perf_counter() - start
+        result["restore_peak"] = _high_water() - before
         restored.shutdown()
     return result
 

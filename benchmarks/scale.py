@@ -14,10 +14,13 @@ Anchor, in the same run and for the same bytes: ``torch.distributed.checkpoint.a
 buffer of arrays would be), and of one tensor holding them all; the ratio of our blocking
 part to its staging (the time until it returns) is printed beside each row.
 
-Then the budgets of a streamed save, each read from this run's figures (PASS/FAIL):
+First the data encoding against pickle and msgpack, and a Stateful pipe's save and restore against pickle
+(``benchmarks/_codec_table.py``). Then the budgets of a streamed save, each read from this run's figures
+(PASS/FAIL):
 peak memory of a by-value save at most 1.2x the state, synchronous and background; a
 background save's blocking part at most 5 % of a synchronous save with buffers saved as
-positions; and, by value, no longer than ``async_save``'s staging of one tensor per item.
+positions; by value, no longer than ``async_save``'s staging of the same bytes as one tensor; the peak
+memory of a restore by value at most 1.2x the state; a positions save no slower than format 1's.
 
 ``--only 157`` runs only the case these budgets are stated for: 10 000 x 16 KiB, 157 MiB of
 samples (``--only 100x16KiB`` any other case). The 256 KiB x 10 000 case (2.6 GB per copy)
@@ -34,6 +37,7 @@ import subprocess
 import sys
 from typing import Any
 
+from benchmarks import _codec_table
 from benchmarks._scale_case import ITEM_KINDS, build, item
 from benchmarks.common import save_json, table
 
@@ -46,9 +50,12 @@ OPTIONS = ("values", "positions")
 ISSUE_CASE = (10_000, 16 * 1024)
 MEMORY_BUDGET = 1.2
 BLOCKING_BUDGET = 0.05
+#: A synchronous save of the 10 000 positions with format 1 (the C pickler), as docs/benchmarks.md records it.
+FORMAT1_POSITIONS_SAVE = 6.8e-3
 
 HEADERS = ["buffer", "item", "kind", "buffer_state", "state", "snapshot", "sync save", "blocking (bg), % of sync",
-           "total (bg)", "restore", "peak, sync (x state)", "peak, bg (x state)", "blocking / DCP staging"]
+           "total (bg)", "restore", "peak, sync (x state)", "peak, bg (x state)", "peak, restore (x state)",
+           "blocking / DCP staging"]
 
 
 def parse_case(text: str) -> tuple[int, int]:
@@ -100,8 +107,9 @@ def _figure(repeat: int, buffer: int, size: int, kind: str, option: str,
             "size": sync["size"], "sync": sync["sync"], "restore": sync["restore"],
             "blocking": background["blocking"], "total": background["total"],
             "blocking_share": background["blocking"] / sync["sync"],
-            "peak_sync": sync["peak"], "peak_background": background["peak"],
+            "peak_sync": sync["peak"], "peak_background": background["peak"], "peak_restore": sync["restore_peak"],
             "peak_sync_x_state": sync["peak"] / state, "peak_background_x_state": background["peak"] / state,
+            "peak_restore_x_state": sync["restore_peak"] / state,
             "peak_reset": sync["peak_reset"] and background["peak_reset"], "runs": sync["runs"],
             "dcp_items": dcp["items"], "dcp_one": dcp["one"],
             "blocking_x_dcp_items": background["blocking"] / dcp["items"]["blocking"],
@@ -113,6 +121,7 @@ def _row(f: dict[str, Any]) -> list[str]:
             _mb(f["size"]), _ms(f["sync"]), f"{_ms(f['blocking'])} ({f['blocking_share']:.1%})", _ms(f["total"]),
             _ms(f["restore"]), f"{_mb(f['peak_sync'])} ({f['peak_sync_x_state']:.2f}x)",
             f"{_mb(f['peak_background'])} ({f['peak_background_x_state']:.2f}x)",
+            f"{_mb(f['peak_restore'])} ({f['peak_restore_x_state']:.2f}x)",
             f"{f['blocking_x_dcp_items']:.2f}x items, {f['blocking_x_dcp_one']:.2f}x one"]
 
 
@@ -147,13 +156,21 @@ def budgets(figures: list[dict[str, Any]]) -> list[dict[str, Any]]:
         also = f"; {f['blocking'] / by_value:.1%} of the save by value" if by_value else ""
         print(check("blocking positions", f, f["blocking_share"] <= BLOCKING_BUDGET,
                     f"{_ms(f['blocking'])} = {f['blocking_share']:.1%} of {_ms(f['sync'])}{also}"))
-    print("3. blocking part of a background save by value <= DCP async_save's staging of the same bytes, "
-          "one tensor per item (also shown: against one tensor):")
+    print("3. blocking part of a background save by value <= DCP async_save's staging of the same bytes "
+          "as one tensor (also shown: against one tensor per item):")
     for f in values:
-        dcp = f["dcp_items"]["blocking"]
+        dcp = f["dcp_one"]["blocking"]
         print(check("blocking values", f, f["blocking"] <= dcp,
-                    f"{_ms(f['blocking'])} vs {_ms(dcp)} ({f['blocking_x_dcp_items']:.2f}x; one tensor "
-                    f"{_ms(f['dcp_one']['blocking'])}, {f['blocking_x_dcp_one']:.2f}x)"))
+                    f"{_ms(f['blocking'])} vs {_ms(dcp)} ({f['blocking_x_dcp_one']:.2f}x; one tensor per item "
+                    f"{_ms(f['dcp_items']['blocking'])}, {f['blocking_x_dcp_items']:.2f}x)"))
+    print(f"4. peak memory of a restore by value, above the new loader's RSS, <= {MEMORY_BUDGET}x the state:")
+    for f in values:
+        x = f["peak_restore_x_state"]
+        print(check("memory restore", f, x <= MEMORY_BUDGET, f"{x:.2f}x"))
+    print(f"5. a synchronous save of the positions of a buffer of {ISSUE_CASE[0]:,} <= format 1's "
+          f"({_ms(FORMAT1_POSITIONS_SAVE)}, docs/benchmarks.md):")
+    for f in positions:
+        print(check("positions save", f, f["sync"] <= FORMAT1_POSITIONS_SAVE, _ms(f["sync"])))
     return verdicts
 
 
@@ -163,11 +180,13 @@ def run(repeat: int = 1, json_path: str | None = None, large: bool = False, item
     unknown = sorted(set(kinds) - set(ITEM_KINDS))
     if unknown or not kinds:
         raise SystemExit(f"--items {items!r}: choose from {','.join(ITEM_KINDS)}")
+    codec = _codec_table.run(repeat)
+    print()
     cases = [parse_case(only)] if only else [(buffer, size) for size in ITEMS for buffer in BUFFERS]
     figures, rows, dcp_rows = [], [], []
     for buffer, size in cases:
         if size * buffer > 1e9 and not large:
-            rows.append([f"{buffer:,}", f"{size // 1024} KiB", "", "skipped (--large)", *[""] * 9])
+            rows.append([f"{buffer:,}", f"{size // 1024} KiB", "", "skipped (--large)", *[""] * 10])
         else:
             dcp = {"items": _measure(repeat, "dcp-items", buffer, size),
                    "one": _measure(repeat, "dcp-one", buffer, size)}
@@ -184,6 +203,6 @@ def run(repeat: int = 1, json_path: str | None = None, large: bool = False, item
     if not all(f["peak_reset"] for f in figures):
         print("\nnote: the peak-RSS mark could not be reset (/proc/self/clear_refs): peaks include earlier ones")
     verdicts = budgets(figures)
-    result = {"scale": figures, "budgets": verdicts}
+    result = {"codec": codec, "scale": figures, "budgets": codec["budgets"] + verdicts}
     save_json(json_path, result)
     return result

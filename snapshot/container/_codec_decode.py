@@ -1,10 +1,11 @@
-"""The decoding half of ``snapshot.container._codec`` (the format is described there).
+"""The decoding half of :mod:`snapshot.container._codec` (the format is described there).
 
-The decoder builds only the types of the tag table: it never imports a module, looks up an
-attribute or calls anything that the bytes name. A numpy dtype is rebuilt from a checked
-description of strings and integers (no objects), a torch dtype is looked up by name in the
-codec's own table, and a ``P`` tag is handed to the caller's ``pickled`` callback or refused.
-Every malformed input raises :class:`~snapshot.errors.CorruptSnapshotError` with its offset.
+msgpack's C unpacker reads the tree as it comes (from a file, a chunk at a time: the tree is never held
+whole), with exact limits; this module's ``ext_hook`` builds only the types of the codec's ext table,
+from checked fields: it never imports a module, looks up an attribute or calls anything that the bytes
+name. An array or a tensor is allocated when its descriptor is read (never more bytes than the data
+holds) and filled from the bytes after the tree, read straight into its memory: decoding holds one copy
+of the state. Every malformed input raises :class:`~snapshot.errors.CorruptSnapshotError`.
 """
 
 from __future__ import annotations
@@ -12,18 +13,72 @@ from __future__ import annotations
 import struct
 from collections import defaultdict, deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-from snapshot.container import _codec_types as wire
+import msgpack
+
+from snapshot.container import _codec_types as types
 from snapshot.errors import CorruptSnapshotError, SnapshotError, UntrustedStateError
 
-__all__ = ["Decoder", "decode"]
+__all__ = ["Decoder", "MemoryReader", "Reader", "decode"]
 
-# What a broken payload can make Python raise on its way through the decoder; each becomes a
-# CorruptSnapshotError (the specific checks below give the better messages first).
-_BROKEN = (IndexError, KeyError, ValueError, TypeError, OverflowError, struct.error, RuntimeError,
-           MemoryError, RecursionError, SyntaxError)
+#: Bytes msgpack reads at a time from a file.
+_READ_SIZE = 256 * 1024
+_COMPLEX = struct.Struct("<dd")
+# What a broken payload can make Python or msgpack raise on its way through the decoder; each becomes a
+# CorruptSnapshotError (msgpack's own errors are ValueErrors).
+_BROKEN = (ValueError, TypeError, KeyError, IndexError, OverflowError, struct.error, RuntimeError, MemoryError,
+           RecursionError)
 _HINT = "; the payload is damaged or was not written by this version of snapshot"
+
+
+class Reader(Protocol):
+    """Where a decoder reads: ``read(n)`` (at most ``n`` bytes, fewer only at the end) and ``readinto``."""
+
+    def read(self, size: int) -> bytes: ...
+
+    def readinto(self, buffer: Any) -> int: ...
+
+
+class MemoryReader:
+    """A :class:`Reader` over bytes in memory (read in pieces, not copied whole)."""
+
+    def __init__(self, data: bytes | bytearray | memoryview) -> None:
+        view = memoryview(data)
+        self.view = view if view.format == "B" and view.ndim == 1 else view.cast("B")
+        self.offset = 0
+
+    def read(self, size: int) -> bytes:
+        start = self.offset
+        self.offset = min(start + max(size, 0), len(self.view))
+        return bytes(self.view[start:self.offset])
+
+    def readinto(self, buffer: Any) -> int:
+        target = memoryview(buffer).cast("B")
+        size = min(len(target), len(self.view) - self.offset)
+        target[:size] = self.view[self.offset:self.offset + size]
+        self.offset += size
+        return size
+
+
+class _Counting:
+    """What msgpack reads a tree through: the bytes read ahead before, then the reader; it counts the bytes
+    handed over (msgpack reads ahead of the tree)."""
+
+    def __init__(self, ahead: bytes, reader: Reader) -> None:
+        self.ahead, self.reader, self.count = ahead, reader, 0
+
+    def read(self, size: int) -> bytes:
+        if self.ahead:
+            data, self.ahead = self.ahead, b""
+        else:
+            data = self.reader.read(size)
+        self.count += len(data)
+        return data
+
+
+class _Corrupt(Exception):
+    """A field that the codec's checks refuse (turned into a CorruptSnapshotError with the place)."""
 
 
 class _CallerError(Exception):
@@ -35,323 +90,311 @@ class _CallerError(Exception):
 
 
 class Decoder:
-    """Decodes the values of ``data`` one after another (:meth:`next`); ``offset`` is where the
-    next one starts. ``pickled(index, where)`` supplies each value stored pickled; without it,
-    meeting one raises :class:`~snapshot.errors.UntrustedStateError`."""
+    """Decodes the values that ``source`` holds one after another (:meth:`next`): each value's tree,
+    then the bytes of its arrays and tensors. ``limit`` bounds what the values may take (the bytes left
+    in the data). ``pickled(index)`` supplies each value stored pickled; without it, meeting one raises
+    :class:`~snapshot.errors.UntrustedStateError`."""
 
-    def __init__(self, data: bytes | bytearray | memoryview, *,
-                 pickled: Callable[[int, str], Any] | None = None, source: str = "<payload>") -> None:
-        view = memoryview(data)
-        self._data = view if view.format == "B" and view.ndim == 1 else view.cast("B")
-        self._end = len(self._data)
-        self.offset = 0
+    def __init__(self, source: Reader | bytes | bytearray | memoryview, *, limit: int | None = None,
+                 pickled: Callable[[int], Any] | None = None, name: str = "<payload>") -> None:
+        self.reader: Reader = MemoryReader(source) if isinstance(source, (bytes, bytearray, memoryview)) else source
+        self.limit = len(self.reader.view) if isinstance(self.reader, MemoryReader) and limit is None \
+            else (limit if limit is not None else 1 << 62)
+        self.position = 0  # bytes of the data decoded so far
+        self._ahead = b""  # bytes read past the last value (the start of the next)
         self._pickled = pickled
-        self._source = source
-        self._in_descr = False
-        self._strings: list[str] = []  # long strs read so far (see wire.STR_REF)
+        self._name = name
+        self._depth = 0
+        self._pending: list[tuple[memoryview, int]] = []  # arrays and tensors to fill, in order
+        self._pending_bytes = 0
+        self._descriptors: dict[bytes, tuple[Any, tuple[int, ...], int]] = {}
+        self._options = {**types.UNPACK_OPTIONS, "ext_hook": self._ext}
+        self._hooks: dict[int, Callable[[bytes], Any]] = {
+            types.TUPLE: self._tuple, types.SET: self._set, types.FROZENSET: self._frozenset,
+            types.BIGINT: lambda data: int.from_bytes(data, "little", signed=True), types.COMPLEX: self._complex,
+            types.BYTEARRAY: bytearray, types.DEQUE: self._deque, types.RANGE: self._range,
+            types.DEFAULTDICT: self._defaultdict, types.CHUNK: self._chunk, types.ARRAY: self._array,
+            types.NUMPY_SCALAR: self._numpy_scalar, types.TENSOR: self._tensor, types.PICKLED: self._pickle,
+            types.ROWS: self._rows}
 
     def next(self) -> Any:
-        """The value at ``offset``, which moves past it."""
-        start = self.offset
+        """The next value (its arrays filled)."""
+        reader = self.reader
+        if isinstance(reader, MemoryReader) and not self._ahead:  # at once: msgpack's unpackb starts sooner
+            start = reader.offset
+            try:
+                value, ahead = msgpack.unpackb(reader.view[start:], **self._options), b""
+            except msgpack.ExtraData as extra:  # the bytes after the tree: buffers (or the next value)
+                value, ahead = extra.unpacked, extra.extra
+            except (_CallerError, SnapshotError, _Corrupt, *_BROKEN):
+                return self._streamed()  # the same, read as a stream, names what is wrong and where
+            reader.offset = len(reader.view)
+            self.position += len(reader.view) - start - len(ahead)
+            self._fill(ahead)
+            return value
+        return self._streamed()
+
+    def _streamed(self) -> Any:
+        self._pending, self._pending_bytes = [], 0
+        counting = _Counting(self._ahead, self.reader)
+        left = max(self.limit - self.position, 1)
+        unpacker = msgpack.Unpacker(counting, read_size=min(_READ_SIZE, left), max_buffer_size=left,
+                                    **self._options)
         try:
-            return self._handler()(self, 0)
+            try:
+                value = unpacker.unpack()
+            except msgpack.OutOfData:
+                raise _Corrupt("the data ends inside a value" if counting.count else
+                               "the data ends where a value should start") from None
+            tree = unpacker.tell()
+            ahead = unpacker.read_bytes(counting.count - tree)  # what msgpack read past the tree
         except _CallerError as caller:
             raise caller.error from None
         except SnapshotError:
             raise
+        except _Corrupt as error:
+            raise self._corrupt(str(error), self.position + unpacker.tell()) from None
         except _BROKEN as error:
-            raise self._corrupt(f"the value starting at byte {start} does not decode "
-                                f"({type(error).__name__}: {error})") from error
-
-    # plumbing --------------------------------------------------------------------------------------
-
-    def _corrupt(self, message: str) -> CorruptSnapshotError:
-        return CorruptSnapshotError(message + _HINT, source=self._source, offset=self.offset)
-
-    def _handler(self) -> Callable[[Decoder, int], Any]:
-        """The reader of the value at ``offset``, past its tag."""
-        try:
-            handler = _HANDLERS[self._data[self.offset]]
-        except IndexError:
-            raise self._corrupt("the buffer ends where a value should start") from None
-        except KeyError:
-            raise self._corrupt(f"unknown tag byte 0x{self._data[self.offset]:02x}") from None
-        self.offset += 1
-        return handler
-
-    def _length(self, what: str) -> int:
-        if self.offset < self._end and self._data[self.offset] < 253:  # the common case: one byte
-            self.offset += 1
-            return self._data[self.offset - 1]
-        try:
-            value, self.offset = wire.read_length(self._data, self.offset)
-        except (IndexError, struct.error):
-            raise self._corrupt(f"the buffer ends inside the length of {what}") from None
-        except ValueError as error:
-            raise self._corrupt(f"the length of {what} is malformed ({error})") from None
+            raise self._corrupt(f"the value starting at byte {self.position} does not decode "
+                                f"({type(error).__name__}: {error})", self.position + unpacker.tell()) from error
+        self.position += tree
+        self._fill(ahead)
         return value
 
-    def _take(self, size: int, what: str) -> memoryview:
-        if size > self._end - self.offset:
-            raise self._corrupt(f"{what} of {size} bytes runs past the end of the buffer "
-                                f"({self._end - self.offset} bytes left)")
-        data = self._data[self.offset:self.offset + size]
-        self.offset += size
-        return data
+    def _fill(self, ahead: bytes) -> None:
+        """Read the bytes after the tree into the arrays and tensors it described, in order (``ahead``:
+        those msgpack read already)."""
+        pending, self._pending, self._pending_bytes = self._pending, [], 0
+        head = memoryview(ahead)
+        for target, size in pending:
+            taken = min(size, len(head))
+            target[:taken] = head[:taken]
+            head = head[taken:]
+            got = taken
+            while got < size:
+                count = self.reader.readinto(target[got:])
+                if not count:
+                    raise self._corrupt(f"the data ends inside the bytes of an array of {size} bytes "
+                                        f"({got} read)", self.position + got)
+                got += count
+            self.position += size
+        self._ahead = bytes(head)
 
-    def _sized(self, what: str) -> memoryview:
-        """The bytes after a length (in one step when the length is one byte, the common case)."""
-        offset = self.offset
-        if offset < self._end and (size := self._data[offset]) < 253 and offset + 1 + size <= self._end:
-            self.offset = offset + 1 + size
-            return self._data[offset + 1:self.offset]
-        return self._take(self._length(what), what)
+    def _corrupt(self, message: str, offset: int) -> CorruptSnapshotError:
+        return CorruptSnapshotError(message + _HINT, source=self._name, offset=offset)
 
-    def _count(self, depth: int, what: str) -> int:
-        """The number of items of a container; each takes a byte at least."""
-        if depth >= wire.MAX_DEPTH:
-            raise self._corrupt(f"a {what} nested deeper than {wire.MAX_DEPTH} levels")
-        count = self._length(what)
-        if count > self._end - self.offset:
-            raise self._corrupt(f"a {what} of {count} items is longer than the rest of the buffer")
-        return count
+    # ext values ------------------------------------------------------------------------------------
 
-    # values ----------------------------------------------------------------------------------------
+    def _ext(self, code: int, data: bytes) -> Any:
+        handler = self._hooks.get(code)
+        if handler is None:
+            raise _Corrupt(f"a value of unknown ext type {code}")
+        return handler(data)
 
-    def _int(self, depth: int) -> int:
-        return int.from_bytes(self._sized("an int"), "little", signed=True)
-
-    def _float(self, depth: int) -> float:
-        value: float = wire.DOUBLE.unpack(self._take(8, "a float"))[0]
-        return value
-
-    def _complex(self, depth: int) -> complex:
-        real, imag = wire.TWO_DOUBLES.unpack(self._take(16, "a complex"))
-        return complex(real, imag)
-
-    def _str(self, depth: int) -> str:
-        data = self._sized("a str")
+    def _items(self, data: bytes, what: str) -> list[Any]:
+        """The list an ext value's bytes hold (decoded by msgpack, with this decoder's ext types)."""
+        if self._depth >= types.MAX_DEPTH:
+            raise _Corrupt(f"a {what} nested deeper than {types.MAX_DEPTH} levels")
+        self._depth += 1
         try:
-            return str(data, "utf-8", "surrogatepass")
-        except UnicodeDecodeError as error:
-            self.offset -= len(data)
-            raise self._corrupt(f"a str that is not UTF-8 ({error.reason} at its byte {error.start})") from None
-
-    def _bytes(self, depth: int) -> bytes:
-        return bytes(self._sized("a bytes"))
-
-    def _bytearray(self, depth: int) -> bytearray:
-        return bytearray(self._sized("a bytearray"))
-
-    def _items(self, depth: int, what: str) -> list[Any]:
-        items = []
-        for _ in range(self._count(depth, what)):
-            items.append(self._handler()(self, depth + 1))
+            items = msgpack.unpackb(data, **self._options)
+        finally:
+            self._depth -= 1
+        if type(items) is not list:
+            raise _Corrupt(f"a {what} whose body is a {type(items).__name__}, not a list")
         return items
 
-    def _list(self, depth: int) -> list[Any]:
-        return self._items(depth, "list")
+    def _fields(self, data: bytes, what: str, *kinds: Any) -> list[Any]:
+        """The fields of a record (``kinds``: the type, or types, of each), checked exactly."""
+        fields = self._items(data, what)
+        if len(fields) != len(kinds) or not all(type(f) is k or (type(k) is tuple and type(f) in k)
+                                                 for f, k in zip(fields, kinds)):
+            raise _Corrupt(f"a {what} whose fields are {_shown(fields)}")
+        return fields
 
-    def _tuple(self, depth: int) -> tuple[Any, ...]:
-        return tuple(self._items(depth, "tuple"))
+    def _rows(self, data: bytes) -> list[tuple[Any, ...]]:
+        body = self._items(data, "list of tuples")
+        count, columns = (body[0], body[1:]) if body else (None, [])
+        if type(count) is not int or not columns or not all(type(c) is list and len(c) == count for c in columns):
+            raise _Corrupt(f"a list of tuples whose columns are not {_shown(count)} long lists")
+        return list(zip(*columns))
 
-    def _set(self, depth: int) -> set[Any]:
-        return self._members(depth, "set")
+    def _tuple(self, data: bytes) -> tuple[Any, ...]:
+        return tuple(self._items(data, "tuple"))
 
-    def _frozenset(self, depth: int) -> frozenset[Any]:
-        return frozenset(self._members(depth, "frozenset"))
+    def _set(self, data: bytes) -> set[Any]:
+        return set(self._hashable(self._items(data, "set"), "set member"))
 
-    def _members(self, depth: int, what: str) -> set[Any]:
-        members = set()
-        for _ in range(self._count(depth, what)):
-            at = self.offset
-            members.add(self._hashable(self._handler()(self, depth + 1), f"a {what} member", at))
-        return members
+    def _frozenset(self, data: bytes) -> frozenset[Any]:
+        return frozenset(self._hashable(self._items(data, "frozenset"), "frozenset member"))
 
-    def _dict(self, depth: int) -> dict[Any, Any]:
-        items = {}
-        for _ in range(self._count(depth, "dict")):
-            at = self.offset
-            key = self._hashable(self._handler()(self, depth + 1), "a dict key", at)
-            items[key] = self._handler()(self, depth + 1)
+    @staticmethod
+    def _hashable(items: list[Any], what: str) -> list[Any]:
+        for item in items:
+            try:
+                hash(item)
+            except TypeError:
+                raise _Corrupt(f"a {what} of type {type(item).__name__}, which is not hashable") from None
         return items
 
-    def _hashable(self, value: Any, what: str, at: int) -> Any:
-        try:
-            hash(value)
-        except TypeError:
-            self.offset = at
-            raise self._corrupt(f"{what} of type {type(value).__name__}, which is not hashable") from None
-        return value
+    def _complex(self, data: bytes) -> complex:
+        if len(data) != _COMPLEX.size:
+            raise _Corrupt(f"a complex of {len(data)} bytes, not {_COMPLEX.size}")
+        return complex(*_COMPLEX.unpack(data))
 
-    def _deque(self, depth: int) -> deque[Any]:
-        at = self.offset
-        maxlen = self._handler()(self, depth + 1)
-        if not (maxlen is None or (type(maxlen) is int and maxlen >= 0)):
-            self.offset = at
-            raise self._corrupt(f"a deque whose maxlen is {maxlen!r:.40}, not None or a count")
-        items = self._items(depth, "deque")
-        if maxlen is not None and len(items) > maxlen:
-            raise self._corrupt(f"a deque of {len(items)} items with maxlen {maxlen}")
-        return deque(items, maxlen)
+    def _deque(self, data: bytes) -> deque[Any]:
+        items = self._items(data, "deque")
+        maxlen = items[0] if items else "nothing"
+        if not (maxlen is None or (type(maxlen) is int and maxlen >= 0)) or \
+                (maxlen is not None and len(items) - 1 > maxlen):
+            raise _Corrupt(f"a deque of {len(items) - 1} items whose maxlen is {_shown(maxlen)}")
+        return deque(items[1:], maxlen)
 
-    def _range(self, depth: int) -> range:
-        at = self.offset
-        ends = [self._handler()(self, depth + 1) for _ in range(3)]
-        if any(type(end) is not int for end in ends) or ends[2] == 0:
-            self.offset = at
-            raise self._corrupt(f"a range of {ends!r:.60}, not three ints with a nonzero step")
+    def _range(self, data: bytes) -> range:
+        ends = self._items(data, "range")
+        if len(ends) != 3 or any(type(end) is not int for end in ends) or ends[2] == 0:
+            raise _Corrupt(f"a range of {_shown(ends)}, not three ints with a nonzero step")
         return range(*ends)
 
-    def _pickle(self, depth: int) -> Any:
-        index = self._length("a pickled value's index")
-        if self._data[self.offset:self.offset + 1] != wire.STR:
-            raise self._corrupt("a pickled value's place is not a str")
-        self.offset += 1
-        where = self._str(depth)
-        if self._in_descr:
-            raise self._corrupt(f"an array's dtype description holds a pickled value ({where})")
+    def _defaultdict(self, data: bytes) -> defaultdict[Any, Any]:
+        index, items = self._fields(data, "defaultdict", int, dict)
+        if not 0 <= index < len(types.FACTORIES):
+            raise _Corrupt(f"a defaultdict whose factory is number {index}, of {len(types.FACTORIES)} known")
+        return defaultdict(types.FACTORIES[index], items)
+
+    def _chunk(self, data: bytes) -> Any:
+        from torch.utils.data.datapipes.datapipe import DataChunk  # a fixed class, never one the data names
+
+        return DataChunk(self._items(data, "DataChunk"))
+
+    def _pickle(self, data: bytes) -> Any:
+        if len(data) != 8:
+            raise _Corrupt(f"a pickled value's index of {len(data)} bytes, not 8")
+        index = int.from_bytes(data, "little")
         if self._pickled is None:
-            raise _untrusted(where, self._source)
+            raise UntrustedStateError(f"the value stored pickled (number {index}) needs unpickling, which can run "
+                                      "code from the file: trust it with a key or allow_pickle=True",
+                                      source=self._name)
         try:
-            return self._pickled(index, where)
+            return self._pickled(index)
         except Exception as error:
             raise _CallerError(error) from error
 
-    def _array(self, depth: int) -> Any:
-        return self._array_body("an array", scalar=False)
+    # arrays and tensors ------------------------------------------------------------------------------
 
-    def _numpy_scalar(self, depth: int) -> Any:
-        return self._array_body("a numpy scalar", scalar=True)[()]
+    def _shape(self, shape: Any, what: str) -> tuple[int, ...]:
+        if type(shape) is not list or len(shape) > types.MAX_DIMS or not all(type(n) is int and n >= 0 for n in shape):
+            raise _Corrupt(f"{what} of shape {_shown(shape)} (at most {types.MAX_DIMS} dimensions, each a count)")
+        return tuple(shape)
 
-    def _array_body(self, what: str, *, scalar: bool) -> Any:
-        at = self.offset
-        if self._in_descr:
-            raise self._corrupt(f"an array's dtype description holds {what}")
-        self._in_descr = True
-        try:
-            descr = self._handler()(self, wire.MAX_DEPTH - 32)
-        finally:
-            self._in_descr = False
-        try:
-            dtype = wire.dtype_of(descr) if wire.is_descr(descr) else None
-        except (TypeError, ValueError, KeyError, IndexError) as error:
-            self.offset = at
-            raise self._corrupt(f"{what} whose dtype {descr!r:.80} is not one numpy rebuilds as data ({error})") \
-                from None
+    def _reserve(self, size: Any, expected: int, what: Callable[[], str]) -> None:
+        """Refuse buffers whose size is not the one their shape needs, or that the data cannot hold."""
+        if size != expected or type(size) is not int:
+            raise _Corrupt(f"{what()} needs {expected} bytes, its descriptor says {_shown(size)}")
+        if self._pending_bytes + size > self.limit - self.position:
+            raise _Corrupt(f"{what()} of {size} bytes, more than the data holds")
+        self._pending_bytes += size
+
+    def _array(self, data: bytes) -> Any:
+        import numpy
+
+        known = self._descriptors.get(data)  # a buffer of samples: many arrays of one dtype and shape
+        if known is None:
+            known = self._descriptor(data)
+            if len(self._descriptors) < 256:
+                self._descriptors[data] = known
+        dtype, shape, size = known
+        self._reserve(size, size, lambda: f"an array of shape {shape} and dtype {dtype}")
+        array = numpy.empty(shape, dtype)
+        if size:
+            flat: Any = array.reshape(-1).view(numpy.uint8)
+            self._pending.append((memoryview(flat), size))
+        return array
+
+    def _descriptor(self, data: bytes) -> tuple[Any, tuple[int, ...], int]:
+        """An array's dtype, shape and size in bytes, checked."""
+        fields = self._items(data, "array")
+        if len(fields) != 3:
+            raise _Corrupt(f"an array whose descriptor is {_shown(fields)}")
+        descr, shape, size = fields
+        dtype = _dtype(descr, "an array")
+        shape = self._shape(shape, "an array")
+        count = types.elements(shape)
+        if dtype.itemsize == 0 and count:
+            raise _Corrupt(f"an array of shape {shape} whose dtype {dtype} has no bytes an element")
+        if size != count * dtype.itemsize or type(size) is not int:
+            raise _Corrupt(f"an array of shape {shape} and dtype {dtype} needs {count * dtype.itemsize} bytes, "
+                           f"its descriptor says {_shown(size)}")
+        return dtype, shape, size
+
+    def _numpy_scalar(self, data: bytes) -> Any:
+        descr, raw = self._fields(data, "numpy scalar", (str, list), bytes)
+        dtype = _dtype(descr, "a numpy scalar")
+        if len(raw) != dtype.itemsize:
+            raise _Corrupt(f"a numpy scalar of dtype {dtype} with {len(raw)} bytes, not {dtype.itemsize}")
+        return types.array_from(dtype, (), memoryview(raw))[()]
+
+    def _tensor(self, data: bytes) -> Any:
+        import torch
+
+        name, shape, requires_grad, size = self._fields(data, "tensor", str, list, bool, int)
+        dtype = types.torch_dtypes().get(name)
         if dtype is None:
-            self.offset = at
-            raise self._corrupt(f"{what} whose dtype description {descr!r:.80} is not one of plain data (numbers, "
-                                "bytes, text, times, or fields of them such as [('x', '<f8')]: never Python objects)")
-        shape = self._shape(what)
-        if scalar and shape:
-            raise self._corrupt(f"{what} with dimensions {shape}")
-        if dtype.itemsize == 0 and wire.elements(shape):
-            raise self._corrupt(f"{what} of shape {shape} whose dtype {dtype} has no bytes an element")
-        data = self._payload(what, wire.elements(shape) * dtype.itemsize, f"{shape} of dtype {dtype}")
-        return wire.array_from(dtype, shape, data)
-
-    def _shape(self, what: str) -> tuple[int, ...]:
-        ndim = self._take(1, f"the dimensions of {what}")[0]
-        if ndim > wire.MAX_DIMS:
-            self.offset -= 1
-            raise self._corrupt(f"{what} of {ndim} dimensions (at most {wire.MAX_DIMS})")
-        return tuple(self._length(f"a dimension of {what}") for _ in range(ndim))
-
-    def _payload(self, what: str, expected: int, described: str) -> memoryview:
-        at = self.offset
-        size = self._length(f"the bytes of {what}")
-        if size != expected:
-            self.offset = at
-            raise self._corrupt(f"{what} of shape {described} needs {expected} bytes, its payload has {size}")
-        return self._take(size, f"the bytes of {what}")
-
-    def _tensor(self, depth: int) -> Any:
-        if self._in_descr:
-            raise self._corrupt("an array's dtype description holds a tensor")
-        at = self.offset
-        name = str(self._sized("a tensor's dtype"), "ascii", "replace")
-        dtype = wire.torch_dtypes().get(name)
-        if dtype is None:
-            self.offset = at
-            raise self._corrupt(f"a tensor of dtype {name!r:.40}, which is not in the codec's table "
-                                f"({', '.join(wire.torch_dtypes())})")
-        shape = self._shape("a tensor")
-        flag = self._take(1, "a tensor's requires_grad")[0]
-        if flag > 1:
-            self.offset -= 1
-            raise self._corrupt(f"a tensor's requires_grad byte is {flag}, not 0 or 1")
-        data = self._payload("a tensor", wire.elements(shape) * dtype.itemsize, f"{list(shape)} of dtype {name}")
-        return wire.tensor_from(dtype, shape, data, requires_grad=flag == 1)
+            raise _Corrupt(f"a tensor of dtype {name!r:.40}, which is not in the codec's table "
+                           f"({', '.join(types.torch_dtypes())})")
+        shape = self._shape(shape, "a tensor")
+        self._reserve(size, types.elements(shape) * dtype.itemsize,
+                      lambda: f"a tensor of shape {list(shape)} and dtype {name}")
+        if size:
+            raw = torch.empty(size, dtype=torch.uint8)
+            tensor = raw.view(dtype).reshape(shape)
+            flat: Any = raw.numpy()
+            self._pending.append((memoryview(flat), size))
+        else:
+            tensor = torch.empty(shape, dtype=dtype)
+        return tensor.requires_grad_() if requires_grad else tensor
 
 
-def _chunk(decoder: Decoder, depth: int) -> Any:
-    from torch.utils.data.datapipes.datapipe import DataChunk  # a fixed class, never one the data names
-
-    return DataChunk(decoder._items(depth, "DataChunk"))
-
-
-def _defaultdict(decoder: Decoder, depth: int) -> defaultdict[Any, Any]:
-    at = decoder.offset
-    index = decoder._length("a defaultdict's factory")
-    if index >= len(wire.FACTORIES):
-        decoder.offset = at
-        raise decoder._corrupt(f"a defaultdict whose factory is number {index}, of {len(wire.FACTORIES)} known")
-    if decoder._data[decoder.offset:decoder.offset + 1] != wire.DICT:
-        raise decoder._corrupt("a defaultdict whose items are not a dict")
-    decoder.offset += 1
-    return defaultdict(wire.FACTORIES[index], decoder._dict(depth))
-
-
-def _untrusted(where: str, source: str) -> UntrustedStateError:
-    shown = where if where.isprintable() else repr(where)
-    return UntrustedStateError(f"{shown} is stored pickled (not data), and unpickling it can run code from the file: "
-                               "trust it with a key or allow_pickle=True", source=source, where=where)
+def _dtype(descr: Any, what: str) -> Any:
+    """The dtype a checked description names (those met are kept: a buffer holds many arrays of one)."""
+    dtype = _DTYPES.get(descr) if type(descr) is str else None
+    if dtype is not None:
+        return dtype
+    try:
+        dtype = types.dtype_of(descr) if types.is_descr(descr) else None
+    except (TypeError, ValueError, KeyError, IndexError) as error:
+        raise _Corrupt(f"{what} whose dtype {_shown(descr)} is not one numpy rebuilds as data ({error})") from None
+    if dtype is None:
+        raise _Corrupt(f"{what} whose dtype description {_shown(descr)} is not one of plain data (numbers, bytes, "
+                       "text, times, or fields of them such as [('x', '<f8')]: never Python objects)")
+    if type(descr) is str and len(_DTYPES) < 1024:
+        _DTYPES[descr] = dtype
+    return dtype
 
 
-def _string(decoder: Decoder, depth: int) -> str:
-    text = decoder._str(depth)
-    if len(text) >= wire.SHARED_STR:
-        decoder._strings.append(text)
-    return text
+_DTYPES: dict[str, Any] = {}
 
 
-def _string_ref(decoder: Decoder, depth: int) -> str:
-    at = decoder.offset
-    index = decoder._length("a reference to an earlier str")
-    if index >= len(decoder._strings):
-        decoder.offset = at
-        raise decoder._corrupt(f"a reference to str number {index}, of {len(decoder._strings)} read so far")
-    return decoder._strings[index]
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
-# The reader of each tag (functions, not bound methods: a decoder holds no cycle, so the buffer it
-# reads is let go as soon as the decoder is).
-_HANDLERS: dict[int, Callable[[Decoder, int], Any]] = {tag[0]: handler for tag, handler in (
-    (wire.NONE, lambda decoder, depth: None), (wire.TRUE, lambda decoder, depth: True),
-    (wire.FALSE, lambda decoder, depth: False),
-    (wire.INT, Decoder._int), (wire.FLOAT, Decoder._float), (wire.COMPLEX, Decoder._complex),
-    (wire.STR, _string), (wire.BYTES, Decoder._bytes), (wire.BYTEARRAY, Decoder._bytearray),
-    (wire.LIST, Decoder._list), (wire.TUPLE, Decoder._tuple), (wire.SET, Decoder._set),
-    (wire.FROZENSET, Decoder._frozenset), (wire.DICT, Decoder._dict), (wire.DEQUE, Decoder._deque),
-    (wire.RANGE, Decoder._range), (wire.ARRAY, Decoder._array), (wire.NUMPY_SCALAR, Decoder._numpy_scalar),
-    (wire.TENSOR, Decoder._tensor), (wire.PICKLED, Decoder._pickle), (wire.CHUNK, _chunk),
-    (wire.DEFAULTDICT, _defaultdict), (wire.STR_REF, _string_ref),
-)}
-
-
-def decode(data: bytes | bytearray | memoryview, *, pickled: Callable[[int, str], Any] | None = None,
+def decode(data: bytes | bytearray | memoryview, *, pickled: Callable[[int], Any] | None = None,
            source: str = "<payload>") -> Any:
     """The one value that ``data`` holds (bytes after it are an error: a payload is exact).
 
-    ``pickled(index, where)`` returns each value stored pickled (``Encoder.pickled[index]``);
-    without it a pickled value raises :class:`~snapshot.errors.UntrustedStateError`.
+    ``pickled(index)`` returns each value stored pickled (the encoder's ``pickled[index]``); without it
+    a pickled value raises :class:`~snapshot.errors.UntrustedStateError`.
     """
-    decoder = Decoder(data, pickled=pickled, source=source)
+    decoder = Decoder(data, pickled=pickled, name=source)
     try:
         value = decoder.next()
-        if decoder.offset != decoder._end:
-            raise decoder._corrupt(f"{decoder._end - decoder.offset} bytes follow the value, which ends here")
+        left = decoder.limit - decoder.position
+        if left:
+            raise decoder._corrupt(f"{left} bytes follow the value, which ends here", decoder.position)
     finally:
-        decoder._data.release()  # a memory map can close when decode returns, even after an error
+        reader = decoder.reader
+        if isinstance(reader, MemoryReader):
+            reader.view.release()  # a memory map can close when decode returns, even after an error
     return value

@@ -1,124 +1,225 @@
-"""The encoding half of ``snapshot.container._codec`` (the format and what is data are described there).
+"""The encoding half of :mod:`snapshot.container._codec` (the format and what is data are described there).
 
-The encoder writes as it walks: small values gather in a buffer handed to ``write`` every
-64 KiB, and a big ``bytes``, array or tensor payload is handed to ``write`` from the object's
-own memory, so encoding a large state to a file holds no second copy of it.
+msgpack's C packer encodes the state; Python runs only for what msgpack has no type for (tuples, sets,
+arrays, ...: its ``default``), and for the frame of the payload down to the node states, which this
+encoder walks itself so that it can write as it goes (a big list is packed in chunks of about a MiB,
+whatever holds it) and measure each node state where it is written. Array and tensor bytes are not
+copied into the tree: they are written after it, from the value's own memory.
 """
 
 from __future__ import annotations
 
+import itertools
+import struct
 import sys
 from collections import defaultdict, deque
-from collections.abc import Callable
-from gc import is_tracked
+from collections.abc import Callable, Iterator
+from operator import itemgetter
 from typing import Any
 
-from snapshot.container._codec_types import (
-    ARRAY,
-    BYTEARRAY,
-    BYTES,
-    CHUNK,
-    COMPLEX,
-    DEFAULTDICT,
-    DEQUE,
-    DICT,
-    DOUBLE,
-    FACTORIES,
-    FALSE,
-    FLOAT,
-    FROZENSET,
-    INT,
-    LIST,
-    MAX_DEPTH,
-    NONE,
-    NUMPY_SCALAR,
-    PICKLED,
-    RANGE,
-    SET,
-    SHARED_STR,
-    STR,
-    STR_REF,
-    TENSOR,
-    TRUE,
-    TUPLE,
-    TWO_DOUBLES,
-    array_descr,
-    int_bytes,
-    length,
-    numpy_module,
-    scalar_descr,
-    shape_bytes,
-    torch_dtype_names,
-)
+import msgpack
+
+from snapshot.container import _codec_types as types
+from snapshot.container._codec_places import NotData, Rows, TooDeep, bounded, cycles, find, where
 
 __all__ = ["Encoder"]
 
-_FLUSH_AT = 64 * 1024  # the buffer of small values is handed to ``write`` when it holds this much
-_OWN_WRITE = 16 * 1024  # a payload this big is handed to ``write`` from its own memory, uncopied
-_ITEMS = {list: LIST, tuple: TUPLE, set: SET, frozenset: FROZENSET}
-_NESTS = (list, tuple, dict, deque)  # the containers that can be part of a cycle
-_LENGTHS = [length(n) for n in range(253)]
-_INT64 = 2**63
-_INT_HEADS = [INT + length(n) for n in range(10)]
-_SMALL_INTS = {n: INT + length(len(int_bytes(n))) + int_bytes(n) for n in range(-128, 1024)}
-
-Handler = Callable[[Any, int], None]
+_FLUSH_AT = 64 * 1024  # the tree's small pieces are handed to ``write`` when they add up to this much
+#: The payload's frame: dicts, and lists of dicts, this many levels deep are walked in Python (the node
+#: states are the values at the last level, and their dicts' items are written one by one too); below,
+#: msgpack packs whole values (a big list in chunks, a list of tuples as rows).
+SPINE = 7
+_CHUNK_BYTES = 1 << 20  # a big list or dict is packed in chunks of about this many bytes
+_ROWS = 16  # a list of more tuples than this is written by columns
+_CHUNKED = 8  # a longer list or dict is packed in chunks
+_MAX_CHUNK = 4096  # items; a chunk starts at one item and doubles while it stays small
+_HEADER = {0xdc: 3, 0xdd: 5, 0xde: 3, 0xdf: 5}  # msgpack's array and map headers of 16 and 32 bits
+_COMPLEX = struct.Struct("<dd")
+_ext = msgpack.ExtType
+_new = tuple.__new__  # an ExtType without its checks in Python (the code and bytes are ours)
 
 
 class Encoder:
     """Writes values through ``write`` as they are encoded; one :meth:`encode` call a value.
 
-    ``pickled`` gathers ``(where, value)`` for each value that is not data, in order;
-    ``written`` counts the bytes handed to ``write`` (each :meth:`encode` call hands over all
-    it encoded before it returns, so the difference around a call is the size of its value).
-    ``measure`` maps the ``id`` of values held in dicts to labels: the encoded size of each such
-    value is put in ``sizes`` under each of its labels, as it is written (no second pass).
+    ``pickled`` gathers ``(where, value)`` for each value that is not data, in order; ``written``
+    counts the bytes handed to ``write`` (each :meth:`encode` call hands over all it encoded before
+    it returns). ``measure`` maps the ``id`` of values held in dicts of the payload's frame to labels:
+    the encoded size of each such value (its tree and its arrays' bytes) is put in ``sizes`` under
+    each of its labels, as it is written.
 
-    A big payload reaches ``write`` as a view of the value's own memory: a ``write`` that keeps
-    what it is given (a queue, a list) must be done with it before the value changes. After an
+    Array and tensor bytes reach ``write`` as views of the value's own memory after the tree: a
+    ``write`` that keeps what it is given must be done with it before the value changes. After an
     exception (from ``write``, say) the stream is incomplete and the encoder is not to be reused.
     """
 
     def __init__(self, write: Callable[[bytes | memoryview], Any],
-                 measure: dict[int, tuple[Any, ...]] | None = None) -> None:
+                 measure: dict[int, tuple[Any, ...]] | None = None, *, frame: int = SPINE) -> None:
         self.pickled: list[tuple[str, Any]] = []
         self.written = 0
         self.sizes: dict[Any, int] = {}
         self._measure = measure or {}
+        self._spine = frame  # the levels of the frame (0: a value that is not a payload is packed at once)
         self._write = write
         self._buffer = bytearray()
+        self._buffers: list[Any] = []  # arrays and flat tensors whose bytes follow the tree, in order
+        self._buffered = 0  # their bytes, not yet written
+        self._objects: list[Any] = []  # the values not data, by index (``pickled`` names them)
+        self._packers = [msgpack.Packer(default=self._default, **types.PACK_OPTIONS)]
+        self._depth = 0
         self._root = ""
-        self._path: list[list[Any]] = []  # [kind, index or key] for each container entered
-        self._cyclic: set[int] = set()
-        self._strings: dict[str, int] = {}  # long strs written so far, by their index (see STR_REF)
-        self._handlers: dict[type, Handler] = {
-            type(None): self._none, bool: self._bool, int: self._int, float: self._float, complex: self._complex,
-            str: self._str, bytes: self._bytes, bytearray: self._bytes, list: self._items, tuple: self._items,
-            set: self._items, frozenset: self._items, dict: self._dict, deque: self._deque, range: self._range,
-        }
+        self._path: list[list[Any]] = []
+        self._active: set[int] = set()  # the frame's containers being written (a cycle is not data)
+        self._handlers: dict[type, Callable[[Any], Any]] = {
+            tuple: self._tuple, set: self._set, frozenset: self._frozenset, int: self._bigint,
+            complex: self._complex, bytearray: self._bytearray, deque: self._deque, range: self._range,
+            defaultdict: self._defaultdict, NotData: lambda wrapped: self._pickle(wrapped.value), Rows: self._rows}
 
     def encode(self, value: Any, where: str = "state") -> None:
-        """Append ``value`` to the stream; ``where`` names it in ``pickled`` (``state.nodes``)."""
+        """Append ``value`` to the stream (its tree, then its arrays' bytes); ``where`` names it in
+        ``pickled``."""
         self._root = where
-        self._cyclic = _cycles(value)
         try:
-            self._handler(value)(value, 0)
+            self._value(value, 0)
         finally:
             self._path.clear()
-            self._cyclic = set()
+        self._flush()
+        buffers, self._buffers = self._buffers, []
+        for item in buffers:
+            self._write_buffer(item)
         self._flush()
 
-    # plumbing --------------------------------------------------------------------------------------
+    # the tree --------------------------------------------------------------------------------------
 
-    def _handler(self, value: Any) -> Handler:
+    def _value(self, value: Any, depth: int) -> None:
         kind = type(value)
-        handler = self._handlers.get(kind)
-        if handler is None:
-            handler = self._handlers[kind] = self._classify(kind)
-        return handler
+        frame = (kind is dict and depth <= self._spine) or (
+            kind is list and depth < self._spine and all(type(x) is dict or x is None for x in value))
+        if frame and id(value) in self._active:  # the frame holds itself: not data
+            self._emit(self._pack(NotData(value), self._root_steps()))
+        elif frame:
+            self._active.add(id(value))
+            self._frame(value, depth) if kind is dict else self._items(value, depth)
+            self._active.discard(id(value))
+        elif kind is list and len(value) > _ROWS and set(map(type, value)) == {tuple} \
+                and len(lengths := set(map(len, value))) == 1 and lengths != {0}:
+            self._emit(self._pack(Rows(value), self._root_steps()))
+        elif (kind is dict or kind is list) and len(value) > _CHUNKED:
+            self._chunked(value)
+        else:
+            self._emit(self._pack(value, self._root_steps()))
 
-    def _classify(self, kind: type) -> Handler:
-        numpy = numpy_module()
+    def _items(self, value: list[Any], depth: int) -> None:
+        """A list of dicts of the payload's frame (logical shards, ...), item by item."""
+        self._emit(self._packers[0].pack_array_header(len(value)))
+        step = ["item", 0]
+        self._path.append(step)
+        for index, item in enumerate(value):
+            step[1] = index
+            self._value(item, depth + 1)
+        self._path.pop()
+
+    def _frame(self, value: dict[Any, Any], depth: int) -> None:
+        """A dict of the payload's frame, item by item; measured values are measured as they are written."""
+        self._emit(self._packers[0].pack_map_header(len(value)))
+        measure = self._measure
+        step: list[Any] = ["key", 0]
+        self._path.append(step)
+        for index, (key, item) in enumerate(value.items()):
+            step[0], step[1] = "key", index
+            self._emit(self._pack(key, self._root_steps()))
+            step[0], step[1] = "value", key
+            labels = measure.get(id(item)) if measure else None
+            start = self._position()
+            self._value(item, depth + 1)
+            for label in labels or ():
+                self.sizes[label] = self._position() - start
+        self._path.pop()
+
+    def _chunked(self, value: list[Any] | dict[Any, Any]) -> None:
+        """A big list or dict, packed a slice at a time (each slice's header dropped), so that the tree
+        is written as it is made."""
+        is_dict = type(value) is dict
+        packer = self._packers[0]
+        self._emit(packer.pack_map_header(len(value)) if is_dict else packer.pack_array_header(len(value)))
+        items: Iterator[Any] = iter(value.items()) if isinstance(value, dict) else iter(value)
+        done, size = 0, 1
+        while done < len(value):
+            part: Any = list(itertools.islice(items, size))
+            if is_dict:
+                part = dict(part)
+            data = self._pack(part, self._root_steps(), base=done)
+            self._emit(memoryview(data)[_HEADER.get(data[0], 1):])
+            done += len(part)
+            size = min(size * 2, _MAX_CHUNK) if len(data) < _CHUNK_BYTES // 2 else max(size // 2, 1)
+
+    def _pack(self, value: Any, steps: list[tuple[str, Any]], base: int = 0) -> bytes:
+        """``value`` packed by msgpack; a value it cannot pack (a cycle, nesting past the bounds) is packed
+        again with those containers marked as not data."""
+        objects, buffers, buffered = len(self._objects), len(self._buffers), self._buffered
+        try:
+            data: bytes = self._packers[0].pack(value)
+        except (ValueError, RecursionError, TooDeep):
+            del self._objects[objects:], self._buffers[buffers:]
+            self._buffered, self._depth = buffered, 0
+            data = self._packers[0].pack(bounded(value, cycles(value)))
+        if len(self._objects) > objects:
+            self._name(value, objects, steps, base)
+        return data
+
+    def _emit(self, data: bytes | memoryview) -> None:
+        if len(data) >= _FLUSH_AT:
+            self._flush()
+            self._write(data)
+            self.written += len(data)
+            return
+        self._buffer += data
+        if len(self._buffer) >= _FLUSH_AT:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._buffer:
+            buffer, self._buffer = self._buffer, bytearray()
+            self._write(memoryview(buffer))  # not copied: this encoder never touches it again
+            self.written += len(buffer)
+
+    def _position(self) -> int:
+        return self.written + len(self._buffer) + self._buffered
+
+    def _write_buffer(self, item: Any) -> None:
+        numpy = types.numpy_module()
+        if numpy is not None and type(item) is numpy.ndarray:
+            flat = numpy.ascontiguousarray(item).reshape(-1).view(numpy.uint8)  # copies only a strided array
+        else:
+            flat = item.numpy()  # a flat uint8 tensor, made when it was met
+        self._buffered -= flat.nbytes
+        if flat.nbytes:
+            self._emit(memoryview(flat))
+
+    # where the values that are not data sit ---------------------------------------------------------
+
+    def _root_steps(self) -> list[tuple[str, Any]]:
+        return [(kind, step) for kind, step in self._path]
+
+    def _name(self, value: Any, first: int, steps: list[tuple[str, Any]], base: int) -> None:
+        """Name the place of each value not data that packing ``value`` met (``_objects[first:]``); the
+        items of a chunk (``base``: the index of its first item) are named by their index in the whole."""
+        wanted = self._objects[first:]
+        found: list[str] = []
+        find(value, steps, base, wanted, found)
+        found += [where(steps) + " (somewhere inside)"] * (len(wanted) - len(found))
+        self.pickled.extend((self._root + place, obj) for place, obj in zip(found, wanted))
+
+    # values msgpack has no type for (its ``default``) ---------------------------------------------------
+
+    def _default(self, value: Any) -> Any:
+        handler = self._handlers.get(type(value))
+        if handler is None:
+            handler = self._handlers[type(value)] = self._classify(type(value))
+        return handler(value)
+
+    def _classify(self, kind: type) -> Callable[[Any], Any]:
+        numpy = types.numpy_module()
         if numpy is not None and kind is numpy.ndarray:
             return self._array
         if numpy is not None and issubclass(kind, numpy.generic):
@@ -127,233 +228,100 @@ class Encoder:
         if torch is not None and kind is torch.Tensor:
             return self._tensor
         if torch is not None and kind is _data_chunk():
-            return lambda value, depth: _chunk(self, value, depth)
-        if kind is defaultdict:
-            return lambda value, depth: _defaultdict(self, value, depth)
+            return self._chunk
         return self._pickle
 
-    def _small(self, data: bytes) -> None:
-        self._buffer += data
-        if len(self._buffer) >= _FLUSH_AT:
-            self._flush()
+    def _nested(self, items: Any) -> bytes:
+        """``items`` packed as the body of an ext value (by a packer of the next level: msgpack's own
+        packer is in the middle of a value)."""
+        depth = self._depth + 1
+        if depth > types.MAX_DEPTH:
+            raise TooDeep
+        if depth == len(self._packers):
+            self._packers.append(msgpack.Packer(default=self._default, **types.PACK_OPTIONS))
+        self._depth = depth
+        try:
+            data: bytes = self._packers[depth].pack(items)
+        finally:
+            self._depth = depth - 1
+        return data
 
-    def _payload(self, header: bytes, data: bytes | memoryview) -> None:
-        """``header`` then ``data``; a big ``data`` goes to ``write`` as it is, not copied."""
-        self._buffer += header
-        if len(data) < _OWN_WRITE:
-            self._small(data)  # type: ignore[arg-type]
-            return
-        self._flush()
-        self._write(data)
-        self.written += len(data)
+    def _pickle(self, value: Any) -> Any:
+        self._objects.append(value)
+        return _new(_ext, (types.PICKLED, (len(self._objects) - 1).to_bytes(8, "little")))
 
-    def _flush(self) -> None:
-        if self._buffer:
-            buffer, self._buffer = self._buffer, bytearray()
-            self._write(memoryview(buffer))  # not copied: this encoder never touches it again
-            self.written += len(buffer)
+    def _rows(self, rows: Rows) -> Any:  # by columns: each taken (and, decoding, the tuples made) in C
+        columns = [list(map(itemgetter(index), rows.value)) for index in range(len(rows.value[0]))]
+        return _new(_ext, (types.ROWS, self._nested([len(rows.value), *columns])))
 
-    def _where(self) -> str:
-        parts = [self._root]
-        for kind, step in self._path:
-            if kind == "value":
-                parts.append(f".{step}" if type(step) is str and step.isidentifier() else f"[{_short_repr(step)}]")
-            else:
-                parts.append({"item": "[{}]", "member": "{{{}}}", "key": ".keys()[{}]"}[kind].format(step))
-        return "".join(parts)
+    def _tuple(self, value: tuple[Any, ...]) -> Any:
+        return _new(_ext, (types.TUPLE, self._nested(list(value))))
 
-    # values ----------------------------------------------------------------------------------------
+    def _set(self, value: set[Any]) -> Any:
+        return _new(_ext, (types.SET, self._nested(list(value))))
 
-    def _pickle(self, value: Any, depth: int = 0) -> None:
-        where = self._where()
-        self._small(PICKLED + length(len(self.pickled)) + _str_bytes(where))
-        self.pickled.append((where, value))
+    def _frozenset(self, value: frozenset[Any]) -> Any:
+        return _new(_ext, (types.FROZENSET, self._nested(list(value))))
 
-    def _none(self, value: None, depth: int) -> None:
-        self._buffer += NONE
+    def _bigint(self, value: int) -> Any:  # msgpack's own ints are 64 bits
+        return _new(_ext, (types.BIGINT, value.to_bytes(value.bit_length() // 8 + 1, "little", signed=True)))
 
-    def _bool(self, value: bool, depth: int) -> None:
-        self._buffer += TRUE if value else FALSE
+    def _complex(self, value: complex) -> Any:
+        return _new(_ext, (types.COMPLEX, _COMPLEX.pack(value.real, value.imag)))
 
-    def _int(self, value: int, depth: int) -> None:
-        data = _SMALL_INTS.get(value)
-        if data is not None:
-            self._buffer += data
-        elif -_INT64 <= value < _INT64:  # the common case inline: one length byte, at most 8 bytes
-            size = value.bit_length() // 8 + 1
-            self._buffer += _INT_HEADS[size]
-            self._buffer += value.to_bytes(size, "little", signed=True)
-        else:
-            data = int_bytes(value)
-            self._payload(INT + length(len(data)), data)
+    def _bytearray(self, value: bytearray) -> Any:
+        return _new(_ext, (types.BYTEARRAY, bytes(value)))
 
-    def _float(self, value: float, depth: int) -> None:
-        self._buffer += FLOAT
-        self._buffer += DOUBLE.pack(value)
+    def _deque(self, value: deque[Any]) -> Any:
+        return _new(_ext, (types.DEQUE, self._nested([value.maxlen, *value])))
 
-    def _complex(self, value: complex, depth: int) -> None:
-        self._small(COMPLEX + TWO_DOUBLES.pack(value.real, value.imag))
+    def _range(self, value: range) -> Any:
+        return _new(_ext, (types.RANGE, self._nested([value.start, value.stop, value.step])))
 
-    def _str(self, value: str, depth: int) -> None:
-        if len(value) >= SHARED_STR:
-            seen = self._strings.get(value)
-            if seen is not None:
-                self._small(STR_REF + length(seen))
-                return
-            self._strings[value] = len(self._strings)
-        data = value.encode("utf-8", "surrogatepass")
-        if len(data) < 253:
-            self._buffer += STR
-            self._buffer += _LENGTHS[len(data)]
-            self._buffer += data
-        else:
-            self._payload(STR + length(len(data)), data)
+    def _defaultdict(self, value: defaultdict[Any, Any]) -> Any:
+        index = next((i for i, known in enumerate(types.FACTORIES) if value.default_factory is known), None)
+        if index is None:
+            return self._pickle(value)
+        return _new(_ext, (types.DEFAULTDICT, self._nested([index, dict(value)])))
 
-    def _bytes(self, value: bytes | bytearray, depth: int) -> None:
-        tag = BYTES if type(value) is bytes else BYTEARRAY
-        self._payload(tag + length(len(value)), value if type(value) is bytes else memoryview(value))
+    def _chunk(self, value: list[Any]) -> Any:
+        # torch keeps the items twice (the list, and ``.items``): the copy is rebuilt, anything else is not data
+        extra = vars(value)
+        if set(extra) - {"items"} or not _same_items(extra.get("items", value), value):
+            return self._pickle(value)
+        return _new(_ext, (types.CHUNK, self._nested(list(value))))
 
-    def _range(self, value: range, depth: int) -> None:
-        self._small(RANGE)
-        for end in (value.start, value.stop, value.step):
-            self._int(end, depth)
-
-    def _items(self, value: list[Any] | tuple[Any, ...] | set[Any] | frozenset[Any], depth: int) -> None:
-        if depth >= MAX_DEPTH or id(value) in self._cyclic:
-            self._pickle(value)
-            return
-        self._small(_ITEMS[type(value)] + length(len(value)))
-        self._each(value, depth, "member" if type(value) in (set, frozenset) else "item")
-
-    def _deque(self, value: deque[Any], depth: int) -> None:
-        if depth >= MAX_DEPTH or id(value) in self._cyclic:
-            self._pickle(value)
-            return
-        self._small(DEQUE)
-        if value.maxlen is None:
-            self._none(None, depth)
-        else:
-            self._int(value.maxlen, depth)
-        self._small(length(len(value)))
-        self._each(value, depth, "item")
-
-    def _each(self, items: Any, depth: int, kind: str) -> None:
-        step = [kind, 0]
-        self._path.append(step)
-        handlers = self._handlers
-        for index, item in enumerate(items):
-            step[1] = index
-            (handlers.get(type(item)) or self._handler(item))(item, depth + 1)
-            if len(self._buffer) >= _FLUSH_AT:
-                self._flush()
-        self._path.pop()
-
-    def _dict(self, value: dict[Any, Any], depth: int) -> None:
-        if depth >= MAX_DEPTH or id(value) in self._cyclic:
-            self._pickle(value)
-            return
-        self._small(DICT + length(len(value)))
-        measure = self._measure
-        step: list[Any] = ["key", 0]
-        self._path.append(step)
-        handlers = self._handlers
-        for index, (key, item) in enumerate(value.items()):
-            step[0], step[1] = "key", index
-            (handlers.get(type(key)) or self._handler(key))(key, depth + 1)
-            step[0], step[1] = "value", key
-            labels = measure.get(id(item)) if measure else None
-            start = self.written + len(self._buffer) if labels else 0
-            (handlers.get(type(item)) or self._handler(item))(item, depth + 1)
-            for label in labels or ():
-                self.sizes[label] = self.written + len(self._buffer) - start
-            if len(self._buffer) >= _FLUSH_AT:
-                self._flush()
-        self._path.pop()
-
-    def _array(self, value: Any, depth: int) -> None:
-        descr = array_descr(value.dtype)
+    def _array(self, value: Any) -> Any:
+        descr = types.array_descr(value.dtype)
         if descr is None or (value.dtype.itemsize == 0 and value.size):
-            self._pickle(value)
-            return
-        self._array_body(ARRAY, descr, value)
+            return self._pickle(value)
+        body = self._nested([descr, list(value.shape), value.nbytes])
+        self._buffers.append(value)
+        self._buffered += value.nbytes
+        return _new(_ext, (types.ARRAY, body))
 
-    def _numpy_scalar(self, value: Any, depth: int) -> None:
-        array = numpy_module().asarray(value)
-        descr = scalar_descr(array.dtype) if type(value) is array.dtype.type else None
+    def _numpy_scalar(self, value: Any) -> Any:
+        array = types.numpy_module().asarray(value)
+        descr = types.scalar_descr(array.dtype) if type(value) is array.dtype.type else None
         if descr is None:
-            self._pickle(value)
-            return
-        self._array_body(NUMPY_SCALAR, descr, array)
+            return self._pickle(value)
+        return _new(_ext, (types.NUMPY_SCALAR, self._nested([descr, array.tobytes()])))
 
-    def _array_body(self, tag: bytes, descr: str | list[Any], array: Any) -> None:
-        numpy = numpy_module()
-        flat = numpy.ascontiguousarray(array).reshape(-1)
-        data = memoryview(flat.view(numpy.uint8)) if flat.nbytes else b""
-        self._small(tag)
-        self._handler(descr)(descr, 0)
-        self._payload(shape_bytes(array.shape) + length(flat.nbytes), data)
-
-    def _tensor(self, value: Any, depth: int) -> None:
+    def _tensor(self, value: Any) -> Any:
         torch = sys.modules["torch"]
-        name = torch_dtype_names().get(value.dtype)
+        name = types.torch_dtype_names().get(value.dtype)
         if (name is None or value.layout is not torch.strided or value.device.type != "cpu" or value.is_nested
                 or any(getattr(value, "names", ())) or value.__dict__):
-            self._pickle(value)
-            return
-        data: bytes | memoryview = b""
-        try:
-            if value.numel():
-                flat = value.detach().resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
-                data = memoryview(flat.numpy())
+            return self._pickle(value)
+        try:  # the bytes, flat, from the tensor's own memory where it is contiguous
+            flat = value.detach().resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8) \
+                if value.numel() else torch.empty(0, dtype=torch.uint8)
         except RuntimeError:  # a dtype that some operation here does not support yet: pickle can still save it
-            self._pickle(value)
-            return
-        header = (TENSOR + length(len(name)) + name.encode("ascii") + shape_bytes(tuple(value.shape))
-                  + (b"\x01" if value.requires_grad else b"\x00") + length(len(data)))
-        self._payload(header, data)
-
-
-def _cycles(value: Any) -> set[int]:
-    """The ids of the containers in ``value`` that a depth-first walk finds inside themselves
-    (each cycle has one: the first of its containers the walk enters).
-
-    The walk enters only what the encoder enters, and skips what cannot be on a cycle: sets and
-    dict keys (hashable values cannot reach back to a list or a dict), classes the encoder
-    pickles whole, and containers the garbage collector does not track (CPython untracks a
-    dict or a tuple that holds only atomic values, and an untracked object is on no cycle).
-    """
-    found: set[int] = set()
-    entered: set[int] = set()
-    done: set[int] = set()
-
-    def walk(node: Any, depth: int) -> None:
-        key = id(node)
-        entered.add(key)
-        for child in node.values() if type(node) is dict else node:
-            if type(child) in _NESTS and is_tracked(child):
-                if id(child) in entered:
-                    found.add(id(child))
-                elif id(child) not in done and depth < MAX_DEPTH:
-                    walk(child, depth + 1)
-        entered.discard(key)
-        done.add(key)
-
-    if type(value) in _NESTS and is_tracked(value):
-        walk(value, 0)
-    return found
-
-
-def _short_repr(key: Any) -> str:
-    try:
-        text = repr(key)
-    except Exception:  # noqa: BLE001 - a key of a class whose __repr__ fails still needs a name
-        return f"<{type(key).__name__}>"
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _str_bytes(text: str) -> bytes:
-    data = text.encode("utf-8", "surrogatepass")
-    return STR + length(len(data)) + data
+            return self._pickle(value)
+        body = self._nested([name, list(value.shape), bool(value.requires_grad), flat.numel()])
+        self._buffers.append(flat)
+        self._buffered += flat.numel()
+        return _new(_ext, (types.TENSOR, body))
 
 
 def _data_chunk() -> type:
@@ -364,30 +332,11 @@ def _data_chunk() -> type:
     return chunk
 
 
+_ATOMS = (int, float, complex, str, bytes)
+
+
 def _same_items(items: Any, chunk: list[Any]) -> bool:
     """Whether ``items`` holds the chunk's own items (the same objects; equal numbers and strings after a
     pickle round trip between processes, which copies them)."""
     return type(items) is list and len(items) == len(chunk) and all(
         a is b or (type(a) is type(b) and type(a) in _ATOMS and a == b) for a, b in zip(items, chunk))
-
-
-_ATOMS = (int, float, complex, str, bytes)
-
-
-def _chunk(encoder: Encoder, value: list[Any], depth: int) -> None:
-    # torch keeps the items twice (the list, and ``.items``): the copy is rebuilt, anything else is not data
-    extra = vars(value)
-    if depth >= MAX_DEPTH or set(extra) - {"items"} or not _same_items(extra.get("items", value), value):
-        encoder._pickle(value)
-        return
-    encoder._small(CHUNK + length(len(value)))
-    encoder._each(value, depth, "item")
-
-
-def _defaultdict(encoder: Encoder, value: defaultdict[Any, Any], depth: int) -> None:
-    factory = value.default_factory
-    if depth >= MAX_DEPTH or not any(factory is known for known in FACTORIES):
-        encoder._pickle(value)
-        return
-    encoder._small(DEFAULTDICT + length(next(i for i, known in enumerate(FACTORIES) if factory is known)))
-    encoder._dict(dict(value), depth)

@@ -1,5 +1,6 @@
-"""The vocabulary the codec's encoder and decoder share: tags, length framing, and the tables that
-turn numpy dtypes and torch dtypes into data and back (see ``snapshot.container._codec`` for the format).
+"""What the data encodings share (format 3's, :mod:`snapshot.container._codec`, and format 2's, still read by
+:mod:`snapshot.container._codec_v2`): the tables that turn numpy dtypes and torch dtypes into data and back,
+the factories of a data ``defaultdict``, and the bounds on nesting and dimensions.
 
 Nothing here imports numpy or torch at import time: the helpers that need them import them when
 an array or a tensor is met, so the CLI reads a payload's structure without torch.
@@ -8,7 +9,6 @@ an array or a tensor is met, so the CLI reads a payload's structure without torc
 from __future__ import annotations
 
 import re
-import struct
 import sys
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -17,61 +17,19 @@ if TYPE_CHECKING:
     import numpy
     import torch
 
-# One byte names the type of each value. Letters, so that a hex dump reads.
-NONE, TRUE, FALSE = b"N", b"T", b"F"
-INT, FLOAT, COMPLEX = b"i", b"d", b"j"
-STR, BYTES, BYTEARRAY = b"s", b"b", b"B"
-LIST, TUPLE, DICT, SET, FROZENSET, DEQUE, RANGE = b"l", b"t", b"D", b"S", b"Z", b"Q", b"R"
-ARRAY, NUMPY_SCALAR, TENSOR = b"A", b"G", b"X"
-PICKLED = b"P"
-#: Two container classes that pipelines yield and buffer, rebuilt from this fixed table (never from a name
-#: in the data): torch's ``DataChunk`` (what ``batch()`` yields: a list), and ``collections.defaultdict``
-#: whose ``default_factory`` is one of :data:`FACTORIES` (named by its position in that tuple).
-CHUNK, DEFAULTDICT = b"C", b"E"
-#: A str equal to an earlier one of at least :data:`SHARED_STR` characters in the same stream: its
-#: index among those (a file path repeated in every buffered sample's address is written once).
-STR_REF = b"r"
-SHARED_STR = 4
+#: The factories a ``collections.defaultdict`` may have to be data, named by their position in this tuple
+#: (the decoder rebuilds one from this fixed table, never from a name in the data).
 FACTORIES: tuple[Any, ...] = (None, list, dict, set, int, float, str, tuple, bytes)
 
-# Deeper nesting is refused when decoding and pickled when encoding: both recurse two Python
-# frames a level, and this leaves the caller room under Python's default recursion limit (1000).
-MAX_DEPTH = 256
+#: Format 3: deeper nesting of ext values (tuples in tuples, sets of tuples, ...) is saved pickled, and
+#: refused when decoding: each level is a call of msgpack's unpacker, whose context takes about 50 KiB of
+#: the C stack (a thread's stack is 8 MiB, or less on some systems).
+MAX_DEPTH = 32
+#: Format 2: its decoder recurses two Python frames a level; this leaves the caller room under Python's
+#: default recursion limit (1000).
+V2_MAX_DEPTH = 256
 # numpy's own bound on the number of dimensions (torch's is the same).
 MAX_DIMS = 64
-
-DOUBLE = struct.Struct("<d")
-TWO_DOUBLES = struct.Struct("<dd")
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
-_SMALL = [bytes((n,)) for n in range(253)]
-
-
-def length(n: int) -> bytes:
-    """``n >= 0`` framed in 1 byte (below 253), else a marker byte (254, 255) and 4 or 8 bytes."""
-    if n < 253:
-        return _SMALL[n]
-    if n < 1 << 32:
-        return b"\xfe" + _U32.pack(n)
-    return b"\xff" + _U64.pack(n)
-
-
-def read_length(data: memoryview, offset: int) -> tuple[int, int]:
-    """The length framed at ``offset`` and the offset after it (``IndexError``, ``struct.error``
-    when the buffer ends: the decoder turns them into a ``CorruptSnapshotError``)."""
-    first = data[offset]
-    if first < 253:
-        return first, offset + 1
-    if first == 254:
-        return _U32.unpack_from(data, offset + 1)[0], offset + 5
-    if first == 255:
-        return _U64.unpack_from(data, offset + 1)[0], offset + 9
-    raise ValueError("a length marker byte 253 (reserved)")
-
-
-def int_bytes(value: int) -> bytes:
-    """``value`` as signed little-endian bytes, as few as hold it (0 is one zero byte)."""
-    return value.to_bytes(value.bit_length() // 8 + 1, "little", signed=True)
 
 
 def elements(shape: tuple[int, ...]) -> int:
@@ -80,10 +38,6 @@ def elements(shape: tuple[int, ...]) -> int:
     for dim in shape:
         count *= dim
     return count
-
-
-def shape_bytes(shape: tuple[int, ...]) -> bytes:
-    return bytes((len(shape),)) + b"".join(length(dim) for dim in shape)
 
 
 # numpy dtypes ------------------------------------------------------------------------------------
@@ -213,3 +167,14 @@ def tensor_from(dtype: torch.dtype, shape: tuple[int, ...], data: memoryview, *,
 @lru_cache(maxsize=1)
 def torch_dtype_names() -> dict[torch.dtype, str]:
     return {dtype: name for name, dtype in torch_dtypes().items()}
+
+
+# format 3: the msgpack ext types of the data encoding (see snapshot.container._codec) -------------
+
+TUPLE, SET, FROZENSET, BIGINT, COMPLEX, BYTEARRAY, DEQUE, RANGE = 1, 2, 3, 4, 5, 6, 7, 8
+DEFAULTDICT, CHUNK, ARRAY, NUMPY_SCALAR, TENSOR, PICKLED, ROWS = 9, 10, 11, 12, 13, 14, 15
+#: The options both halves give msgpack: exact types (a subclass, a tuple, is not taken for a list or a
+#: str), binary for bytes, any Python str (lone surrogates too).
+PACK_OPTIONS: dict[str, Any] = {"strict_types": True, "use_bin_type": True, "unicode_errors": "surrogatepass"}
+UNPACK_OPTIONS: dict[str, Any] = {"raw": False, "use_list": True, "strict_map_key": False,
+                                  "unicode_errors": "surrogatepass"}

@@ -1,8 +1,10 @@
 """A snapshot's payload: the state as data, then what is not data, pickled apart.
 
-Format 2's payload has two sections:
+The payload (formats 2 and 3) has two sections:
 
-- the *data section*: one value encoded by :mod:`snapshot.container._codec`,
+- the *data section*: one value encoded by :mod:`snapshot.container._codec` (format 3: msgpack, arrays
+  and tensors out of band after its tree; format 2's own encoding is still read, by
+  :mod:`snapshot.container._codec_v2`),
   ``{"state": <the loader's state>, "graph": <bytes or None>, "service": <bytes or None>}``.
   Positions, seeds, node states and buffered samples decode as data (JSON-like values, bytes,
   tensors, numpy arrays): nothing named in the file is imported or called. The graph and the
@@ -23,10 +25,13 @@ from collections.abc import Callable
 from typing import Any
 
 from snapshot import schema
-from snapshot.container import _codec, _serialization
+from snapshot.container import _codec, _codec_v2, _serialization
 from snapshot.errors import CorruptSnapshotError, ManifestError, UntrustedStateError
 
-__all__ = ["TRUST_HINT", "read", "write"]
+__all__ = ["ENCODING", "TRUST_HINT", "read", "read_data", "write"]
+
+#: The manifest's ``payload.encoding`` of what :func:`write` writes.
+ENCODING = "msgpack"
 
 #: How to proceed when a payload needs trust (the end of every such error).
 TRUST_HINT = ("If you trust the file, pass allow_pickle=True to restore_snapshot() (which also takes a state dict) "
@@ -52,7 +57,7 @@ def write(body: dict[str, Any], sink: Callable[[Any], Any],
         sink(blob)
         kind = type(value)
         pickled.append({"at": where, "type": f"{kind.__module__}.{kind.__qualname__}", "size": len(blob)})
-    return {"encoding": "data", "data": data, "pickled": pickled}, encoder.sizes
+    return {"encoding": ENCODING, "data": data, "pickled": pickled}, encoder.sizes
 
 
 def describe(where: str) -> str:
@@ -90,13 +95,13 @@ def untrusted(record: schema.PayloadRecord, source: str) -> UntrustedStateError:
         "(JSON-like values, bytes, tensors, numpy arrays) before the pipe that buffers them", source=source)
 
 
-def read(payload: bytes, record: schema.PayloadRecord, *, trusted: bool, source: str) -> dict[str, Any]:
+def read(payload: bytes | memoryview, record: schema.PayloadRecord, *, trusted: bool, source: str) -> dict[str, Any]:
     """The payload's body (``state``, ``graph``, ``service``), decoded; refused before anything is decoded
     when it needs trust that the caller does not give."""
     if record.needs_trust and not trusted:
         raise untrusted(record, source)
     if record.encoding == "pickle":
-        body = _serialization.loads(payload, what=f"snapshot payload of {source}")
+        body = _serialization.loads(bytes(payload), what=f"snapshot payload of {source}")
         if not isinstance(body, dict) or not isinstance(body.get("state"), dict):
             raise CorruptSnapshotError("the payload does not hold a snapshot state", source=source)
         service = body["state"].get("service")
@@ -109,15 +114,41 @@ def read(payload: bytes, record: schema.PayloadRecord, *, trusted: bool, source:
     for value in record.pickled:
         offsets.append(offsets[-1] + value.size)
 
-    def unpickle(index: int, where: str) -> Any:
+    def unpickle(index: int, where: str | None = None) -> Any:
         if index >= len(record.pickled):
-            raise CorruptSnapshotError(f"the data section refers to pickled value {index} at {where}, but the "
-                                       f"manifest lists {len(record.pickled)}", source=source)
+            raise CorruptSnapshotError(f"the data section refers to pickled value {index}, but the manifest lists "
+                                       f"{len(record.pickled)}", source=source)
         if not trusted:  # pragma: no cover - refused above, from the manifest
             raise untrusted(record, source)
-        return _serialization.loads(bytes(view[offsets[index]:offsets[index + 1]]), what=f"value at {where}")
+        return _serialization.loads(bytes(view[offsets[index]:offsets[index + 1]]),
+                                    what=f"value at {record.pickled[index].at}")
 
-    body = _codec.decode(view[:record.data], pickled=unpickle, source=source)
+    if record.encoding == "data":
+        body = _codec_v2.decode(view[:record.data], pickled=unpickle, source=source)
+    else:
+        body = _codec.decode(view[:record.data], pickled=unpickle, source=source)
+    return _checked(body, source)
+
+
+def read_data(reader: _codec.Reader, record: schema.PayloadRecord, *, source: str) -> dict[str, Any]:
+    """The body of a format-3 payload with no pickled values, decoded from ``reader`` as it is read (the
+    bytes of its arrays read into the arrays): the payload is never held whole. The caller checks the
+    payload's digest before it uses the body."""
+    assert record.encoding == ENCODING and not record.pickled and record.data is not None
+
+    def unlisted(index: int) -> Any:
+        raise CorruptSnapshotError(f"the data section refers to pickled value {index}, but the manifest lists none",
+                                   source=source)
+
+    decoder = _codec.Decoder(reader, limit=record.data, pickled=unlisted, name=source)
+    body = decoder.next()
+    if decoder.position != record.data:
+        raise CorruptSnapshotError(f"the data section holds {record.data - decoder.position} bytes after its value",
+                                   source=source, offset=decoder.position)
+    return _checked(body, source)
+
+
+def _checked(body: Any, source: str) -> dict[str, Any]:
     if not isinstance(body, dict) or not isinstance(body.get("state"), dict):
         raise CorruptSnapshotError("the payload does not hold a snapshot state", source=source)
     for part in ("graph", "service"):

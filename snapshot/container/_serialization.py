@@ -216,12 +216,21 @@ _ABSENT = object()
 
 
 def dumps_graph(datapipe: Any) -> bytes:
-    """Pickle a DataPipe graph with dill, naming the pipe that fails.
+    """Pickle a DataPipe graph (with the standard pickler, in C, when it can: dill's is Python, and a
+    shuffle's random generator alone is 625 ints; else with dill), naming the pipe that fails.
 
     Functions and classes of ``__main__`` (a script, a notebook) refer to this process's
     ``__main__`` and share its globals: the loader's own copy of the graph sees the script's
     globals as they change. A snapshot keeps :func:`portable_graph` instead.
     """
+    try:
+        return _pickle(datapipe)
+    except Exception:  # noqa: BLE001 - a lambda, a local function, ...: dill pickles them
+        return _dill_graph(datapipe)
+
+
+def _dill_graph(datapipe: Any) -> bytes:
+    """The graph pickled with dill (a script's classes and functions by value), naming the pipe that fails."""
     try:
         with _ByValueClasses(datapipe):
             return _DILL + dill.dumps(datapipe, protocol=pickle.HIGHEST_PROTOCOL)
@@ -247,7 +256,9 @@ def portable_graph(datapipe: Any, data: bytes) -> tuple[bytes, str | None]:
         with _ByValueClasses(datapipe):
             return _DILL + dill.dumps(datapipe, protocol=pickle.HIGHEST_PROTOCOL, recurse=True), None
     except Exception:  # noqa: BLE001 - reported at the save that needs it, with the culprit
-        return data, _culprit(_graph(datapipe), recurse=True)
+        # the script's functions by value (not by name, as the C pickler has them), as far as they go
+        kept = _dill_graph(datapipe) if data[:1] == _PICKLE else data
+        return kept, _culprit(_graph(datapipe), recurse=True)
 
 
 def loads_graph(data: bytes) -> Any:

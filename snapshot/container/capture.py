@@ -10,20 +10,17 @@ buffered samples), and optionally the pickled graph and reading-service configur
 from __future__ import annotations
 
 import copy
-import datetime
 import functools
 import hashlib
 import json
-import platform
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import metadata
 from typing import Any
 
 from snapshot import schema
-from snapshot._version import __version__
 from snapshot.container import _dict_form, _parts, _payload, _readers, format
-from snapshot.errors import ManifestError, SnapshotFileError
+from snapshot.container._manifest_of import manifest_of, node_states
+from snapshot.errors import CorruptSnapshotError, ManifestError, SnapshotFileError
 
 __all__ = ["LoaderState", "Snapshot", "capture", "capture_source", "encode", "snapshot_of"]
 
@@ -63,122 +60,6 @@ class LoaderState:
             "service": self.service,
             "lookahead": list(self.lookahead),
         }
-
-
-def _seed_digest(value: Any) -> str:
-    return hashlib.sha256(repr(value).encode()).hexdigest()[:12]
-
-
-@functools.lru_cache(maxsize=1)
-def _installed_versions() -> tuple[tuple[str, str], ...]:
-    """Package versions, read once per process (reading package metadata costs milliseconds)."""
-    import torch
-
-    versions = {"snapshot": __version__, "torch": str(torch.__version__), "python": platform.python_version()}
-    for package in ("dill", "torchdata"):
-        try:
-            versions[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            pass
-    return tuple(versions.items())
-
-
-#: A node's place in a service's record: ``("shards" or "upstream", index, path)``.
-NodePlace = tuple[str, int, str]
-
-
-def _node_states(service: schema.ServiceState | None) -> dict[int, tuple[NodePlace, ...]]:
-    """The node states of ``service``, by ``id``, with their places: the encoder measures each one as it
-    writes it (the manifest's ``state_bytes``). The same object at two places (a small int) has both."""
-    marks: dict[int, tuple[NodePlace, ...]] = {}
-    holders: list[tuple[str, int, dict[str, schema.NodeState]]] = [] if service is None else [
-        *(("shards", i, s.nodes) for i, s in enumerate(service.shards) if s is not None),
-        *(("upstream", i, u.nodes) for i, u in enumerate(service.upstream))]
-    for part, index, nodes in holders:
-        for path, record in nodes.items():
-            if record.state is not None:
-                marks[id(record.state)] = (*marks.get(id(record.state), ()), (part, index, path))
-    return marks
-
-
-def _node_positions(records: Mapping[str, schema.NodeState], replayed: set[str], sizes: dict[Any, int],
-                    part: str, index: int) -> dict[str, schema.NodePosition]:
-    return {path: schema.NodePosition(
-        yielded=record.yielded,
-        state_bytes=None if record.state is None else sizes[part, index, path],
-        buffered=record.buffered,
-        restore="replay" if path in replayed else "state",
-        buffer_state=record.buffer_state,
-    ) for path, record in records.items()}
-
-
-def _shard_position(shard: schema.ShardState | None, sizes: dict[Any, int], index: int
-                    ) -> schema.ShardPosition | None:
-    if shard is None:
-        return None  # run elsewhere (another rank)
-    plan = shard.plan or schema.PlanState()
-    return schema.ShardPosition(
-        yielded=shard.yielded,
-        produced=shard.produced,
-        exhausted=shard.taken_all,
-        in_flight=len(shard.in_flight),
-        plan=schema.PlanSummary(tuple(schema.Driver(path, count) for path, count in plan.drivers),
-                                dict(plan.reasons),
-                                # how each buffering node saved its samples: "positions" or "values[: why]"
-                                {path: record.buffer_state for path, record in shard.nodes.items()
-                                 if record.buffer_state is not None},
-                                {path: str(what) for path, what in plan.rereads.items()}),
-        nodes=_node_positions(shard.nodes, set(plan.replayed_nodes), sizes, "shards", index),
-    )
-
-
-def _upstream_position(upstream: schema.UpstreamState, sizes: dict[Any, int], index: int
-                       ) -> schema.UpstreamPosition:
-    return schema.UpstreamPosition(
-        shards=tuple(upstream.shards),
-        routers={path: schema.RouterPosition(r.position, r.ended, {str(s): len(q) for s, q in r.queues.items()})
-                 for path, r in upstream.routers.items()},
-        nodes=_node_positions(upstream.nodes, set(), sizes, "upstream", index),
-    )
-
-
-def _node_seeds(seeds: schema.SeedsState | None) -> dict[str, str]:
-    """Fingerprints of the epoch's seeds, per node path (``@shardN`` when there are several shards)."""
-    if seeds is None:
-        return {}
-    node_seeds = {path: _seed_digest(seed) for path, seed in seeds.shared.items()}
-    for shard_index, shard_seeds in enumerate(seeds.shards):
-        for path, seed in shard_seeds.items():
-            node_seeds[path if len(seeds.shards) == 1 else f"{path}@shard{shard_index}"] = _seed_digest(seed)
-    return node_seeds
-
-
-def _manifest(source: LoaderState, service: schema.ServiceState | None, payload: dict[str, Any],
-              sizes: dict[Any, int]) -> schema.Manifest:
-    """The manifest of ``source`` (its service's state read into ``service``), whose payload ``payload``
-    records (size, digest, sections); ``sizes``: each node state's encoded size, by its place (see
-    :func:`_node_states`)."""
-    verify = source.verify
-    return schema.Manifest(
-        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds"),
-        versions=dict(_installed_versions()),
-        loader=schema.LoaderPosition(source.epoch, source.yielded, source.epoch_finished, len(source.lookahead)),
-        randomness=schema.Randomness(
-            seed=source.seed,
-            seed_source="user" if source.seed_given else ("drawn" if source.seed is not None else None),
-            node_seeds=_node_seeds(None if service is None else service.seeds)),
-        graph=schema.GraphDesc(source.graph_fingerprint, source.graph_bytes is not None,
-                               tuple(schema.NodeDesc.from_dict(n) for n in source.graph_nodes),
-                               source.code_changes),
-        service=schema.ServiceLayout.from_dict({"name": source.service_name,
-                                                **({} if service is None else service.layout)}),
-        shards=() if service is None else tuple(_shard_position(s, sizes, i) for i, s in enumerate(service.shards)),
-        upstream=() if service is None else tuple(_upstream_position(u, sizes, i)
-                                                  for i, u in enumerate(service.upstream)),
-        verify=None if verify is None else schema.VerifyRecord.from_dict(verify),
-        payload=schema.PayloadRecord.from_dict(payload),
-        metadata=source.metadata or None,
-    )
 
 
 class Snapshot:
@@ -316,20 +197,47 @@ class Snapshot:
         data) is refused with an :class:`~snapshot.errors.UntrustedStateError` unless ``trusted``.
         """
         assert container.payload is not None
-        if container.info.is_index:
-            raise SnapshotFileError(
-                "this is the index of a distributed snapshot (its manifest.snap): pass the directory that "
-                "holds it and the ranks' parts", source=source)
+        _refuse_index(container.info, source)
         record = container.info.payload or schema.PayloadRecord(len(container.payload), "")
         body = _payload.read(container.payload, record, trusted=trusted, source=source)
+        return cls._decoded_from(container.info, body, container.payload, source)
+
+    @classmethod
+    def from_stream(cls, container: format.Container, reader: format.PayloadReader, *, source: str,
+                    payload: Callable[[], bytes]) -> Snapshot:
+        """The snapshot in a container whose payload (format 3, no pickled values) ``reader`` reads: decoded
+        as it is read, so that its bytes are never held twice, and refused unless their digest matches.
+        ``payload`` reads the payload's bytes again if they are asked for (``to_bytes``, a second restore)."""
+        _refuse_index(container.info, source)
+        record = container.info.payload
+        assert record is not None and record.encoding == _payload.ENCODING and not record.pickled
+        try:
+            body, failure = _payload.read_data(reader, record, source=source), None
+        except CorruptSnapshotError as error:  # a damaged payload says so (its digest) before its decoding does
+            body, failure = {}, error
+        reader.verify()
+        if failure is not None:
+            raise failure
+        return cls._decoded_from(container.info, body, payload, source)
+
+    @classmethod
+    def _decoded_from(cls, info: schema.Manifest, body: dict[str, Any], payload: bytes | Callable[[], bytes],
+                      source: str) -> Snapshot:
         try:
             saved = schema.SavedState.from_dict(body["state"])
         except ManifestError as exc:
             raise exc.at(source) from None
-        snap = cls(container.info, payload=container.payload)
+        snap = cls(info, payload=payload)
         snap._body = body
         snap.__dict__["saved"] = saved  # validated once: see Snapshot.saved
         return snap
+
+
+def _refuse_index(info: schema.Manifest, source: str) -> None:
+    if info.is_index:
+        raise SnapshotFileError(
+            "this is the index of a distributed snapshot (its manifest.snap): pass the directory that "
+            "holds it and the ranks' parts", source=source)
 
 
 class _Memory:
@@ -382,11 +290,11 @@ def encode(source: LoaderState, writer: Any) -> schema.Manifest:
     """
     body = {"state": source.restore_state(), "graph": source.graph_bytes, "service": source.service_bytes}
     service = schema.ServiceState.from_dict(source.service or {})
-    sections, sizes = _payload.write(body, writer.write, measure=_node_states(service))
+    sections, sizes = _payload.write(body, writer.write, measure=node_states(service))
     graph_size, service_size = len(source.graph_bytes or b""), len(source.service_bytes or b"")
     parts = {"graph": graph_size, "service": service_size, "state": writer.size - graph_size - service_size}
-    manifest = _manifest(source, service, {**sections, "size": writer.size, "sha256": writer.sha256,
-                                           "parts": parts}, sizes)
+    manifest = manifest_of(source, service, {**sections, "size": writer.size, "sha256": writer.sha256,
+                                             "parts": parts}, sizes)
     return _readers.with_readers(manifest, service, source.readers)
 
 

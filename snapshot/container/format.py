@@ -1,10 +1,10 @@
-"""The snapshot file format, versions 2 and 1: container, manifest, checksums, signing.
+"""The snapshot file format, versions 3, 2 and 1: container, manifest, checksums, signing.
 
-A snapshot file (format 2) is::
+A snapshot file (formats 3 and 2) is::
 
     offset  size  field
     0       13    magic  b"\\x89snapshot\\r\\n\\x1a\\n"  (catches text-mode and truncated copies)
-    13      2     container version, little-endian (2)
+    13      2     container version, little-endian (3)
     15      2     flags (bit 0: signed)
     17      4     manifest length M
     21      8     payload length P
@@ -17,12 +17,15 @@ A snapshot file (format 2) is::
 The manifest comes after the payload so that a save can write the payload as it encodes it and
 the manifest once it knows the payload's sizes and digest; the header, written last, says where
 the manifest is (a save writes a temporary file and renames it, so a reader never sees a header
-without its body). Format 1 (still read) has the manifest before the payload, and its payload is
-one pickle. The header carries both digests, so the HMAC over the header authenticates the whole
+without its body). Format 2 (still read) differs from 3 only in the data section's encoding (see
+:mod:`snapshot.container._payload`). Format 1 (still read) has the manifest before the payload, and its
+payload is one pickle. The header carries both digests, so the HMAC over the header authenticates the whole
 file. Readers check, in order: magic, container version, sizes against the real file size,
 manifest digest, manifest JSON, manifest format version, the signature (with a key), every
 field of the manifest against :mod:`snapshot.schema` (a ``ManifestError`` names the field),
-then (only when the payload is needed) the payload digest, and only then decode it.
+then (only when the payload is needed) the payload digest, and only then decode it; or, reading a file
+as it goes (:func:`open_payload`), decode the data section as it is read (no code from the file runs
+there) and refuse it, before it is used, unless the digest of every byte read matches.
 
 A snapshot can also travel as a plain dict (``DataLoader2.state_dict()``, :mod:`snapshot.container._dict_form`),
 or as a directory of one file per rank (:mod:`snapshot.multipart`). Files are written atomically by
@@ -34,24 +37,22 @@ nothing of graphs, loaders, storage or pickling.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import io
 import json
 import os
-import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any, Union
 
 from snapshot import schema
+from snapshot.container._header import FLAG_SIGNED, MAGIC, PREFIX, SIGNATURE_SIZE, check_header, header, offsets
 from snapshot.errors import (
     CorruptSnapshotError,
-    EmptySnapshotError,
-    ForeignFileError,
     ManifestError,
     SignatureError,
-    TruncatedSnapshotError,
 )
 
 __all__ = [
@@ -60,8 +61,10 @@ __all__ = [
     "MAGIC",
     "Container",
     "PathOrFile",
+    "PayloadReader",
     "dumps_manifest",
     "pack",
+    "open_payload",
     "pack_parts",
     "payload_record",
     "read_head",
@@ -74,19 +77,12 @@ PathOrFile = Union[str, "os.PathLike[str]", IO[bytes]]
 
 #: Version of the container and of the manifest schema this code writes and reads.
 FORMAT_VERSION = schema.FORMAT_VERSION
-MAGIC = b"\x89snapshot\r\n\x1a\n"
 #: Environment variable holding a signing key (used when no key is passed explicitly).
 KEY_ENV = "SNAPSHOT_KEY"
 STATE_DICT_MARKER = "snapshot_format"
 #: The global manifest's file name in a distributed snapshot's directory.
 DIRECTORY_MANIFEST = "manifest.snap"
 
-_HEADER = struct.Struct("<HHIQ32s32s")
-_PREFIX = len(MAGIC) + _HEADER.size
-_SIGNATURE_SIZE = 32
-_FLAG_SIGNED = 1
-#: A manifest is metadata; anything this large is not one of ours.
-_MAX_MANIFEST = 64 * 1024 * 1024
 
 # Top-level manifest keys.
 SIGNATURE = "signature"  # in a state dict's manifest only (files carry theirs after the payload)
@@ -118,27 +114,23 @@ def _manifest_bytes(manifest: Mapping[str, Any]) -> bytes:
     return json.dumps(manifest, sort_keys=False, separators=(",", ":")).encode()
 
 
-def _header(version: int, secret: bytes | None, manifest_bytes: bytes, size: int, digest: bytes) -> bytes:
-    flags = _FLAG_SIGNED if secret is not None else 0
-    return MAGIC + _HEADER.pack(version, flags, len(manifest_bytes), size, _sha256(manifest_bytes), digest)
-
-
 def pack_parts(manifest: Mapping[str, Any], payload: bytes, *, key: bytes | str | None = None) -> list[bytes]:
     """:func:`pack`'s pieces, in file order, for writing without joining them (no copy of the payload).
 
-    The container's version is the manifest's ``format`` (a format-1 manifest keeps its layout)."""
+    The container's version is the manifest's ``format`` (a format-1 manifest keeps its layout, a format-2
+    one its data encoding)."""
     manifest_bytes = _manifest_bytes(manifest)
     secret = resolve_key(key)
-    version = 1 if manifest.get(FORMAT) == 1 else FORMAT_VERSION  # a format-1 manifest keeps its layout
-    header = _header(version, secret, manifest_bytes, len(payload), _sha256(payload))
-    parts = [header, manifest_bytes, payload] if version == 1 else [header, payload, manifest_bytes]
+    version: int = manifest[FORMAT] if manifest.get(FORMAT) in (1, 2) else FORMAT_VERSION
+    head = header(version, secret, manifest_bytes, len(payload), _sha256(payload))
+    parts = [head, manifest_bytes, payload] if version == 1 else [head, payload, manifest_bytes]
     if secret is not None:
-        parts.append(hmac.new(secret, header, hashlib.sha256).digest())
+        parts.append(hmac.new(secret, head, hashlib.sha256).digest())
     return parts
 
 
 class Writer:
-    """Writes a format-2 container into a seekable binary file as its payload is produced: ``write``
+    """Writes a container of this version into a seekable binary file as its payload is produced: ``write``
     takes it piece by piece (any buffer) and hashes it; :meth:`finish` appends the manifest (which may
     record :attr:`size` and :attr:`sha256`) and the signature, then writes the header at the start."""
 
@@ -149,7 +141,7 @@ class Writer:
         self._secret = resolve_key(key)
         self._hash = hashlib.sha256()
         self.size = 0
-        f.write(bytes(_PREFIX))
+        f.write(bytes(PREFIX))
 
     def write(self, data: Any) -> None:
         self._f.write(data)
@@ -166,13 +158,13 @@ class Writer:
     def finish(self, manifest: Mapping[str, Any]) -> int:
         """Write the manifest, the signature and the header; the container's size in bytes."""
         manifest_bytes = _manifest_bytes(manifest)
-        header = _header(FORMAT_VERSION, self._secret, manifest_bytes, self.size, self._hash.digest())
+        head = header(FORMAT_VERSION, self._secret, manifest_bytes, self.size, self._hash.digest())
         self._f.write(manifest_bytes)
         if self._secret is not None:
-            self._f.write(hmac.new(self._secret, header, hashlib.sha256).digest())
+            self._f.write(hmac.new(self._secret, head, hashlib.sha256).digest())
         end = self._f.tell()
         self._f.seek(self._start)
-        self._f.write(header)
+        self._f.write(head)
         self._f.seek(end)
         return end - self._start
 
@@ -188,91 +180,18 @@ class Container:
     info: schema.Manifest
 
 
-def _describe_foreign(head: bytes) -> str:
-    if head.startswith(b"PK\x03\x04"):
-        return "a zip archive (a torch.save checkpoint?)"
-    if head[:1] == b"\x80" and len(head) > 1 and head[1] <= 5:
-        return "a raw pickle"
-    if head.lstrip()[:1] in (b"{", b"["):
-        return "JSON text"
-    if head.startswith(b"\x89PNG"):
-        return "a PNG image"
-    if head[:2] == b"\x1f\x8b":
-        return "a gzip stream"
-    return f"a file starting with {head[:8]!r}"
-
-
-def _check_header(head: bytes, total: int, source: str) -> tuple[int, int, int, int, bytes, bytes]:
-    if total == 0:
-        raise EmptySnapshotError(
-            "the file is empty (0 bytes): the copy or the save that made it did not finish. "
-            "Use the previous snapshot; saves are atomic, so an older file is intact.",
-            source=source,
-        )
-    if len(head) < len(MAGIC) and MAGIC.startswith(head):
-        raise TruncatedSnapshotError(
-            f"the file ends after {total} bytes, inside the file signature; it was cut short",
-            source=source, offset=total,
-        )
-    if not head.startswith(MAGIC):
-        raise ForeignFileError(
-            f"this is not a snapshot file: it looks like {_describe_foreign(head)}. "
-            "Pass a file written by save_snapshot() or snapshot.save().",
-            source=source, offset=0,
-        )
-    if total < _PREFIX:
-        raise TruncatedSnapshotError(
-            f"the file ends after {total} bytes, inside the {_PREFIX}-byte header; "
-            "it was cut short (an interrupted copy?). Use an earlier snapshot.",
-            source=source, offset=total,
-        )
-    version, flags, mlen, plen, mdigest, pdigest = _HEADER.unpack_from(head, len(MAGIC))
-    schema.check_format(version, source)
-    if flags & ~_FLAG_SIGNED:
-        raise CorruptSnapshotError(
-            f"unknown header flags 0x{flags:04x}; the header is damaged",
-            source=source, offset=len(MAGIC) + 2,
-        )
-    if mlen > _MAX_MANIFEST:
-        raise CorruptSnapshotError(
-            f"the header declares a {mlen}-byte manifest, which no snapshot has; "
-            "the header is damaged", source=source, offset=len(MAGIC) + 4,
-        )
-    expected = _PREFIX + mlen + plen + (_SIGNATURE_SIZE if flags & _FLAG_SIGNED else 0)
-    if total < expected:
-        raise TruncatedSnapshotError(
-            f"the file has {total} bytes but its header declares {expected} "
-            f"(manifest {mlen}, payload {plen}); it was cut short. Use an earlier snapshot.",
-            source=source, offset=total,
-        )
-    if total > expected:
-        raise CorruptSnapshotError(
-            f"the file has {total - expected} unexpected bytes after its end at byte "
-            f"{expected}; it was altered or two files were concatenated",
-            source=source, offset=expected,
-        )
-    return version, flags, mlen, plen, mdigest, pdigest
-
-
-def _offsets(version: int, mlen: int, plen: int) -> tuple[int, int]:
-    """Where the manifest and the payload start in a container of ``version``."""
-    if version == 1:
-        return _PREFIX, _PREFIX + mlen
-    return _PREFIX + plen, _PREFIX
-
-
 def _parse_json(data: bytes, source: str) -> dict[str, Any]:
     """The manifest's JSON object, whose format version this installation reads."""
     try:
         manifest = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise CorruptSnapshotError(
-            f"the manifest is not valid UTF-8 JSON ({exc})", source=source, offset=_PREFIX,
+            f"the manifest is not valid UTF-8 JSON ({exc})", source=source, offset=PREFIX,
         ) from exc
     except RecursionError as exc:
         raise CorruptSnapshotError(
             "the manifest's JSON is nested too deeply to be a snapshot manifest",
-            source=source, offset=_PREFIX,
+            source=source, offset=PREFIX,
         ) from exc
     if not isinstance(manifest, dict):
         raise ManifestError("", "a JSON object", type(manifest).__name__, source=source)
@@ -289,7 +208,7 @@ def _validate(manifest: dict[str, Any], source: str) -> schema.Manifest:
         return schema.Manifest.from_dict(manifest, source=source)
     except RecursionError as exc:
         raise CorruptSnapshotError(
-            "the manifest is nested too deeply to be a snapshot manifest", source=source, offset=_PREFIX,
+            "the manifest is nested too deeply to be a snapshot manifest", source=source, offset=PREFIX,
         ) from exc
 
 
@@ -297,6 +216,51 @@ def _parse_manifest(data: bytes, source: str) -> tuple[dict[str, Any], schema.Ma
     """The manifest's JSON, and the same validated into the schema's types."""
     manifest = _parse_json(data, source)
     return manifest, _validate(manifest, source)
+
+
+def _open(read_at: Callable[[int, int], bytes], total: int, source: str,
+          key: bytes | str | None) -> tuple[Container, int, int, bytes]:
+    """The verified manifest of a container of ``total`` bytes (``read_at(offset, size)`` reads them), and
+    where its payload starts, its size and its digest: every check but the payload's digest."""
+    version, flags, mlen, plen, mdigest, pdigest = check_header(read_at(0, PREFIX), total, source)
+    moffset, poffset = offsets(version, mlen, plen)
+    manifest_bytes = read_at(moffset, mlen)
+    if not hmac.compare_digest(_sha256(manifest_bytes), mdigest):
+        raise CorruptSnapshotError(
+            "the manifest checksum does not match: the file was altered or damaged on disk",
+            source=source, offset=moffset,
+        )
+    manifest = _parse_json(manifest_bytes, source)
+    signed = bool(flags & FLAG_SIGNED)
+    secret = resolve_key(key)
+    if secret is not None:
+        if not signed:
+            raise SignatureError(
+                "a signing key was given but the file is not signed; refusing to unpickle it. "
+                "Save it again with key=... or load it without a key if you trust its origin.",
+                source=source,
+            )
+        signature = read_at(PREFIX + mlen + plen, SIGNATURE_SIZE)
+        expected = hmac.new(secret, read_at(0, PREFIX), hashlib.sha256).digest()
+        if not hmac.compare_digest(signature, expected):
+            raise SignatureError(
+                "the signature does not match this key: the file was signed with another key "
+                "or altered after signing. Do not restore it.",
+                source=source, offset=PREFIX + mlen + plen,
+            )
+    info = _validate(manifest, source)  # after the signature: with a key, a forgery is named as one
+    _check_version(manifest, version, source)
+    return Container(manifest, None, signed, total, info), poffset, plen, pdigest
+
+
+def _payload_mismatch(poffset: int, plen: int, source: str) -> CorruptSnapshotError:
+    # a digest of the whole payload cannot say which byte changed: name the range it covers
+    return CorruptSnapshotError(
+        f"the payload checksum does not match: some byte in the payload (bytes {poffset:,} to "
+        f"{poffset + plen - 1:,} of the file) was altered or damaged on disk; nothing was "
+        "decoded. Use an earlier snapshot.",
+        source=source,
+    )
 
 
 def unpack(
@@ -311,55 +275,69 @@ def unpack(
     With ``key`` (or ``$SNAPSHOT_KEY``) the file must carry a valid signature; without one,
     a signed file is still accepted (its checksums are verified).
     """
-    version, flags, mlen, plen, mdigest, pdigest = _check_header(data[:_PREFIX], len(data), source)
-    moffset, poffset = _offsets(version, mlen, plen)
-    manifest_bytes = data[moffset:moffset + mlen]
-    if not hmac.compare_digest(_sha256(manifest_bytes), mdigest):
-        raise CorruptSnapshotError(
-            "the manifest checksum does not match: the file was altered or damaged on disk",
-            source=source, offset=moffset,
-        )
-    manifest = _parse_json(manifest_bytes, source)
-    signed = bool(flags & _FLAG_SIGNED)
-    secret = resolve_key(key)
-    if secret is not None:
-        if not signed:
-            raise SignatureError(
-                "a signing key was given but the file is not signed; refusing to unpickle it. "
-                "Save it again with key=... or load it without a key if you trust its origin.",
-                source=source,
-            )
-        signature = data[_PREFIX + mlen + plen:]
-        expected = hmac.new(secret, data[:_PREFIX], hashlib.sha256).digest()
-        if not hmac.compare_digest(signature, expected):
-            raise SignatureError(
-                "the signature does not match this key: the file was signed with another key "
-                "or altered after signing. Do not restore it.",
-                source=source, offset=_PREFIX + mlen + plen,
-            )
-    info = _validate(manifest, source)  # after the signature: with a key, a forgery is named as one
-    _check_version(manifest, version, source)
-    payload = None
-    if with_payload:
-        payload = data[poffset:poffset + plen]
-        if not hmac.compare_digest(_sha256(payload), pdigest):
-            # a digest of the whole payload cannot say which byte changed: name the range it covers
-            raise CorruptSnapshotError(
-                f"the payload checksum does not match: some byte in the payload (bytes {poffset:,} to "
-                f"{poffset + plen - 1:,} of the file) was altered or damaged on disk; nothing was "
-                "decoded. Use an earlier snapshot.",
-                source=source,
-            )
-    return Container(manifest, payload, signed, len(data), info)
+    container, poffset, plen, pdigest = _open(lambda offset, size: data[offset:offset + size], len(data), source, key)
+    if not with_payload:
+        return container
+    payload = data[poffset:poffset + plen]
+    if not hmac.compare_digest(_sha256(payload), pdigest):
+        raise _payload_mismatch(poffset, plen, source)
+    return dataclasses.replace(container, payload=payload)
+
+
+class PayloadReader:
+    """The payload of a container in a binary file, read once from its start and hashed as it is read
+    (``read``, ``readinto``: never past its end); :meth:`verify` reads the rest and checks the digest that
+    the header records. What was read is not to be used unless :meth:`verify` returns."""
+
+    def __init__(self, f: IO[bytes], offset: int, size: int, digest: bytes, source: str) -> None:
+        self._f, self._offset, self.size, self._digest, self._source = f, offset, size, digest, source
+        self._hash = hashlib.sha256()
+        self.position = 0
+        f.seek(offset)
+
+    def read(self, size: int) -> bytes:
+        data = self._f.read(max(0, min(size, self.size - self.position)))
+        self._hash.update(data)
+        self.position += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")[:self.size - self.position]
+        count = self._f.readinto(view) or 0  # type: ignore[attr-defined]
+        self._hash.update(view[:count])
+        self.position += count
+        return count
+
+    def verify(self) -> None:
+        """Read what is left of the payload; a :class:`CorruptSnapshotError` unless its digest matches."""
+        while self.position < self.size:
+            if not self.read(1 << 20):
+                break
+        if self.position != self.size or not hmac.compare_digest(self._hash.digest(), self._digest):
+            raise _payload_mismatch(self._offset, self.size, self._source)
+
+
+def open_payload(f: IO[bytes], total: int, source: str, *,
+                 key: bytes | str | None = None) -> tuple[Container, PayloadReader]:
+    """The verified manifest of the container that ``f`` (at its start, ``total`` bytes long) holds, and a
+    reader of its payload, whose digest is checked once it is read (:meth:`PayloadReader.verify`)."""
+    start = f.tell()
+
+    def read_at(offset: int, size: int) -> bytes:
+        f.seek(start + offset)
+        return f.read(size)
+
+    container, poffset, plen, pdigest = _open(read_at, total, source, key)
+    return container, PayloadReader(f, start + poffset, plen, pdigest, source)
 
 
 def read_head(f: IO[bytes], total: int, source: str) -> dict[str, Any]:
     """The verified manifest of the container that ``f`` (at its start, ``total`` bytes long)
     holds, reading only the header and the manifest: the payload is never read."""
     start = f.tell()
-    head = f.read(_PREFIX)
-    version, _, mlen, plen, mdigest, _ = _check_header(head, total, source)
-    moffset, _ = _offsets(version, mlen, plen)
+    head = f.read(PREFIX)
+    version, _, mlen, plen, mdigest, _ = check_header(head, total, source)
+    moffset, _ = offsets(version, mlen, plen)
     f.seek(start + moffset)
     manifest_bytes = f.read(mlen)
     if not hmac.compare_digest(_sha256(manifest_bytes), mdigest):

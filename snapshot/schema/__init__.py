@@ -27,7 +27,7 @@ round-trips.
     │   ├── routers: {path: RouterPosition}
     │   └── nodes: {path: NodePosition}
     ├── verify: VerifyRecord | None   fingerprints of the samples after the snapshot
-    ├── payload: PayloadRecord | None size, sha256, size of each part; format 2: encoding, sections
+    ├── payload: PayloadRecord | None size, sha256, size of each part; formats 2, 3: encoding, sections
     │   └── pickled: [PickledValue]   values that are not data: where, type, size (restoring needs trust)
     ├── metadata: {...} | None        save_snapshot(metadata=...): the user's plain JSON data (a step)
     ├── ranks: [RankPosition]         directory index only: each rank's LoaderPosition, Handout

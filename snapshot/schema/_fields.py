@@ -11,10 +11,10 @@ from snapshot._version import DISTRIBUTION, __version__
 from snapshot.errors import ManifestError, VersionSkewError
 
 #: The version of the container and of this schema; written as the manifest's ``format``.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 #: Which release of ``snapshot`` reads each format version (this one reads every version up to its own:
 #: format 1's payload is a pickle, which a restore unpickles only with trust).
-READERS = {1: "snapshot 0.1 and later", 2: "snapshot 0.2 and later"}
+READERS = {1: "snapshot 0.1 and later", 2: "snapshot 0.2 and later", 3: "snapshot 0.3 and later"}
 
 RESTORE_METHODS = ("state", "replay")
 #: The reading services whose state is cut into logical shards (``layout.logical_shards``).

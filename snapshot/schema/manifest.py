@@ -39,8 +39,9 @@ METADATA_LIMIT = 64 * 1024
 
 
 #: How a payload encodes its state: ``pickle`` (format 1: one pickle, a restore runs code from the
-#: file) or ``data`` (format 2: the data encoding of :mod:`snapshot.container._codec`, then a pickled section).
-PAYLOAD_ENCODINGS = ("pickle", "data")
+#: file), ``data`` (format 2: the tagged encoding of :mod:`snapshot.container._codec_v2`, then a pickled
+#: section) or ``msgpack`` (format 3: :mod:`snapshot.container._codec`'s, then a pickled section).
+PAYLOAD_ENCODINGS = ("pickle", "data", "msgpack")
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class PickledValue:
 @dataclass(frozen=True)
 class PayloadRecord:
     """The payload's size and digest, the size of each part (``graph``, ``service``, ``state``), and
-    (format 2) its two sections: ``data`` bytes of data encoding, then the ``pickled`` values' pickles."""
+    (formats 2 and 3) its two sections: ``data`` bytes of data encoding, then the ``pickled`` values' pickles."""
 
     size: int
     sha256: str
@@ -81,9 +82,9 @@ class PayloadRecord:
                      encoding=f.get("encoding", lambda v, w: _choice(v, w, PAYLOAD_ENCODINGS), "pickle"),
                      data=f.get("data", _int, None),
                      pickled=f.get("pickled", lambda v, w: _records(v, w, PickledValue.from_dict), ()))
-        if record.encoding == "data" and record.size > 0:
+        if record.encoding != "pickle" and record.size > 0:
             if record.data is None:
-                raise _fail(f"{where}.data", "the size of the data section (encoding is 'data')", None)
+                raise _fail(f"{where}.data", f"the size of the data section (encoding is {record.encoding!r})", None)
             sections = record.data + sum(p.size for p in record.pickled)
             if sections != record.size:
                 raise _fail(f"{where}.data", f"sections that add up to the payload's size {record.size}",

@@ -19,7 +19,7 @@ from snapshot import _progress, schema
 from snapshot.container import _dict_form, format
 from snapshot.container.capture import LoaderState, Snapshot
 from snapshot.errors import CorruptSnapshotError, ManifestError
-from snapshot.storage import _atomic, _failures, _object_directory, _sources, _stream, multipart
+from snapshot.storage import _atomic, _failures, _fsspec, _object_directory, _sources, _stream, multipart
 
 __all__ = ["is_directory", "load", "merge_parts", "save", "write"]
 
@@ -108,11 +108,15 @@ def merge_parts(manifest: dict[str, Any], parts: list[Snapshot]) -> Snapshot:
 def _decode(container: format.Container, source: str, trusted: bool) -> Snapshot:
     """The snapshot in a verified container, refused unless its manifest describes its payload's state."""
     snap = Snapshot.from_container(container, source=source, trusted=trusted)
+    _check_state(snap, container.info, source)
+    return snap
+
+
+def _check_state(snap: Snapshot, info: schema.Manifest, source: str) -> None:
     try:
-        container.info.check_state(snap.saved, source=source)
+        info.check_state(snap.saved, source=source)
     except ManifestError as exc:
         raise exc.at(source) from None
-    return snap
 
 
 _LOADABLE = ("a path (str or os.PathLike) to a snapshot file or a distributed snapshot's directory, a binary "
@@ -170,6 +174,10 @@ def load(src: Any, *, key: bytes | str | None = None, allow_pickle: bool = False
     elif isinstance(src, (bytes, bytearray, memoryview)):
         container = format.unpack(bytes(src), source="<bytes>", key=key)
         source = "<bytes>"
+    elif isinstance(src, (str, os.PathLike)) and not _fsspec.is_url(src):
+        snap = _sources.read_snapshot(src, key=key, trusted=trusted)  # decoded as it is read: one copy
+        _check_state(snap, snap.info, os.fspath(src))
+        return snap
     else:
         try:
             container = _sources.read_container(src, key=key)

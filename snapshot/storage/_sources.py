@@ -4,16 +4,19 @@ command; checking and decoding the container is :mod:`snapshot.format`'s."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 from typing import Any
 
-from snapshot.container import format
+from snapshot.container import _payload, format
+from snapshot.container.capture import Snapshot
 from snapshot.container.format import PathOrFile
 from snapshot.errors import SnapshotFileError
 from snapshot.storage import _failures, _fsspec
 
-__all__ = ["path_error", "read_bytes", "read_container", "read_manifest", "source_name"]
+__all__ = ["path_error", "read_bytes", "read_container", "read_manifest", "read_snapshot", "reread_payload",
+           "source_name"]
 
 
 def source_name(src: PathOrFile) -> str:
@@ -76,6 +79,36 @@ def read_bytes(src: PathOrFile) -> bytes:
 def read_container(src: PathOrFile, *, key: bytes | str | None = None) -> format.Container:
     """Read and verify a snapshot file (path or binary file object)."""
     return format.unpack(read_bytes(src), source=source_name(src), key=key)
+
+
+def read_snapshot(path: str | os.PathLike[str], *, key: bytes | str | None = None, trusted: bool = False) -> Snapshot:
+    """The snapshot in the file at ``path``, verified and decoded as the file is read: a format-3 payload with
+    no pickled values is decoded from the file as it comes (its arrays read into their memory), so that the
+    restore holds one copy of the state; any other payload is read, checked, then decoded."""
+    source = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            container, reader = format.open_payload(f, os.fstat(f.fileno()).st_size, source, key=key)
+            record = container.info.payload
+            if record is not None and record.encoding == _payload.ENCODING and not record.pickled \
+                    and not container.info.is_index:
+                manifest = container.manifest
+                return Snapshot.from_stream(container, reader, source=source,
+                                            payload=lambda: reread_payload(source, manifest))
+            payload = reader.read(reader.size)
+            reader.verify()
+    except OSError as exc:
+        raise path_error(exc, source) from exc
+    return Snapshot.from_container(dataclasses.replace(container, payload=payload), source=source, trusted=trusted)
+
+
+def reread_payload(name: str, manifest: dict[str, Any]) -> bytes:
+    """The payload of the snapshot file at ``name``, read again, checked against the manifest read before."""
+    container = read_container(name)
+    if container.manifest != manifest or container.payload is None:
+        raise SnapshotFileError("the file was replaced since this snapshot was read from it (a later save to the "
+                                "same path?): load the file again", source=name)
+    return container.payload
 
 
 def read_manifest(src: PathOrFile) -> dict[str, Any]:

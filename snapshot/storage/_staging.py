@@ -9,11 +9,14 @@ every container (dict, list, tuple, deque, set) and decides per leaf:
   them) are shared: that is what makes the blocking part cheap for buffers of encoded
   samples, whatever their size;
 - tensors are cloned and numpy arrays copied (a pipe or the training step may change them
-  in place after they leave a buffer);
+  in place after they leave a buffer); a list of arrays (or of tensors) of one dtype and shape, a
+  shuffle buffer's samples, is copied as one block in one call (its items become views of the block),
+  and an array that cannot change (read-only, owning its memory) is shared;
 - any other object is deep-copied (``copy.deepcopy``), falling back to a pickle round trip.
 
 So a background save blocks for about the time of a memory copy of the mutable samples it
-holds, and for almost nothing when samples are ``bytes`` or strings.
+holds (one copy of the bytes, as ``torch.distributed.checkpoint``'s staging of one tensor), and for
+almost nothing when samples are ``bytes`` or strings.
 """
 
 from __future__ import annotations
@@ -40,6 +43,26 @@ _IMMUTABLE = (bytes, str, int, float, complex, bool, type(None), range, enum.Enu
 _ATOMS = frozenset({bytes, str, int, float, complex, bool, type(None)})
 
 
+def _block(items: list[Any]) -> list[Any] | None:
+    """``items``, arrays (or CPU tensors that need no grad) of one dtype and shape, copied as one block:
+    the block's rows; ``None`` for any other list."""
+    kinds = set(map(type, items))
+    if numpy is not None and kinds == {numpy.ndarray}:
+        layouts = {(a.dtype, a.shape) for a in items}
+        if len(layouts) != 1:
+            return None
+        dtype, shape = layouts.pop()
+        if not shape or dtype.hasobject:
+            return None
+        return list(numpy.concatenate(items, axis=0).reshape(len(items), *shape))
+    if kinds == {torch.Tensor}:
+        tensors = {(t.dtype, t.shape, t.device.type, t.layout, t.requires_grad) for t in items}
+        if len(tensors) != 1 or tensors.pop()[2:] != ("cpu", torch.strided, False):
+            return None
+        return list(torch.stack(items).unbind(0))
+    return None
+
+
 def stage(value: Any) -> Any:
     """A copy of ``value`` that shares only immutable leaves with it."""
     kind = type(value)
@@ -48,7 +71,8 @@ def stage(value: Any) -> Any:
     if kind is list:
         if all(type(x) in _ATOMS for x in value):  # positions, counts, seeds: a shallow copy is a deep one
             return value.copy()
-        return [stage(x) for x in value]
+        block = _block(value) if len(value) > 1 else None
+        return block if block is not None else [stage(x) for x in value]
     if kind is dict:
         return {k: stage(v) for k, v in value.items()}
     if kind is tuple:

@@ -20,7 +20,6 @@ from snapshot import schema
 from snapshot.container import format
 from snapshot.container._parts import part_info
 from snapshot.container.capture import LoaderState, Snapshot, encode
-from snapshot.errors import SnapshotFileError
 from snapshot.storage import _atomic, _sources
 
 __all__ = ["encode_into", "write_part", "written"]
@@ -60,13 +59,4 @@ def _read_back(f: IO[bytes]) -> Iterator[bytes]:
 
 def written(name: str | os.PathLike[str], manifest: schema.Manifest) -> Snapshot:
     """The :class:`Snapshot` this process wrote at ``name``, its payload read back only if asked for."""
-    return Snapshot(manifest, payload=lambda: _written_payload(os.fspath(name), manifest))
-
-
-def _written_payload(name: str, manifest: schema.Manifest) -> bytes:
-    """The payload of the snapshot this process wrote at ``name``, checked against its manifest."""
-    container = _sources.read_container(name)
-    if container.manifest != manifest.to_dict() or container.payload is None:
-        raise SnapshotFileError("the file was replaced since this snapshot was saved to it (a later save to the "
-                                "same path?): load the file again", source=name)
-    return container.payload
+    return Snapshot(manifest, payload=lambda: _sources.reread_payload(os.fspath(name), manifest.to_dict()))

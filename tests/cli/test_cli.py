@@ -130,7 +130,7 @@ def test_inspect_prints_the_tree_and_position(inspected: dict[str, Any]) -> None
     assert "│  ├─ datapipes/0             ShufflerIterDataPipe(buffer_size=3)" in out
     assert out.count("= 0/datapipes/0/datapipes/0/datapipe/main_datapipe, listed above") == 2
     row = next(line for line in out.splitlines() if "ShufflerIterDataPipe(buffer_size=3)" in line)
-    assert row.split()[-6:] == ["2", "3", "4.0", "KiB", "state", "-"]  # yielded, buffered, state, restore, replay
+    assert row.split()[-6:] == ["2", "3", "3.1", "KiB", "state", "-"]  # yielded, buffered, state, restore, replay
 
 
 def test_inspect_shows_every_section(inspected: dict[str, Any], shared_file: str) -> None:

@@ -84,7 +84,7 @@ def test_inspect_a_directory(results: dict[str, Any], dirs: dict[str, str]) -> N
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     manifest = snapshot.read_manifest(str(Path(dirs["early"]) / "manifest.snap"))
-    assert f"{dirs['early']}: distributed snapshot of 2 parts, format 2" in out
+    assert f"{dirs['early']}: distributed snapshot of 2 parts, format 3" in out
     total = manifest["loader"]["yielded"]
     assert [r["yielded"] for r in manifest["ranks"]] == [3, 3]
     assert f"position    epoch 0, {total} samples yielded (the whole run, 2 ranks; each rank's under" in out

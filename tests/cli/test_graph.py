@@ -53,7 +53,7 @@ def test_dot_text_is_the_annotated_graph(files: dict[str, str], tmp_path) -> Non
     ids = {node["path"]: f"n{i}" for i, node in enumerate(nodes)}
     assert edges == {(ids[source], ids[node["path"]]) for node in nodes for source in node["inputs"]}
     sink = node_lines(dot)["n0"]
-    assert 'label="MultiplexerIterDataPipe\\n0\\nyielded 5 · buffered 1\\nrestore: from its state (23 B)"' in sink
+    assert 'label="MultiplexerIterDataPipe\\n0\\nyielded 5 · buffered 1\\nrestore: from its state (17 B)"' in sink
     assert 'fillcolor="#e3efff"' in sink and 'tooltip="0"' in sink
     assert "c.snap: epoch 0, 5 samples yielded" in dot
 

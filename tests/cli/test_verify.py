@@ -43,7 +43,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "flipped": data[:payload_at + 3] + bytes([data[payload_at + 3] ^ 1]) + data[payload_at + 4:],
         "forged": repack(data, b"P" + b"\x80\x04N.", record=False),
         "forged_fully": repack(data, b"P" + b"\x80\x04N.", record=True),
-        "newer": data[:len(fmt.MAGIC)] + struct.pack("<H", 3) + data[len(fmt.MAGIC) + 2:],
+        "newer": data[:len(fmt.MAGIC)] + struct.pack("<H", 4) + data[len(fmt.MAGIC) + 2:],
         "foreign": b"PK\x03\x04 a torch checkpoint",
     }
     for name, content in variants.items():
@@ -138,7 +138,7 @@ def test_damaged_files(results: Results) -> None:
     assert flipped.returncode == 1 and status(flipped, "payload")[0] == "FAIL"
     assert "the payload checksum does not match" in flipped.stdout
     newer = results["newer"]
-    assert newer.returncode == 1 and "written in snapshot format 3" in status(newer, "file")[1]
+    assert newer.returncode == 1 and "written in snapshot format 4" in status(newer, "file")[1]
     foreign = results["foreign"]
     assert foreign.returncode == 1 and "a zip archive (a torch.save checkpoint?)" in foreign.stdout
     odd = results["odd"]

@@ -193,9 +193,9 @@ def test_a_torch_checkpoint_is_recognised(tmp_path) -> None:
 
 def test_newer_container_version_is_version_skew() -> None:
     data = bytearray(file_bytes())
-    struct.pack_into("<H", data, len(fmt.MAGIC), 3)
+    struct.pack_into("<H", data, len(fmt.MAGIC), 4)
     with pytest.raises(snapshot.VersionSkewError,
-                       match=r"format 3.*reads formats 1 to 2.*pip install -U datapipe-snapshot"):
+                       match=r"format 4.*reads formats 1 to 3.*pip install -U datapipe-snapshot"):
         snapshot.load(bytes(data))
 
 

@@ -1,4 +1,4 @@
-"""Restoring onto a graph built in code runs no code from the file (format 2), and format-1 files still read.
+"""Restoring onto a graph built in code runs no code from the file (formats 2 and 3), and format-1 files still read.
 
 An attacker with write access to a checkpoint store forges a snapshot saved with ``include_graph=False``:
 the whole payload, one node state, one buffered sample, the graph or the reading service is replaced by
@@ -70,7 +70,7 @@ def _saved(cut: int = 4, datapipe: Any = None) -> tuple[snapshot.Snapshot, list[
         return dl.save_snapshot(include_graph=False), list(it)
 
 
-def _forge(snap: snapshot.Snapshot, change: Any, *, version: int = 2) -> tuple[dict[str, Any], bytes]:
+def _forge(snap: snapshot.Snapshot, change: Any, *, version: int = 3) -> tuple[dict[str, Any], bytes]:
     """A snapshot whose body ``change(body)`` rewrote, every checksum recomputed (unsigned):
     its manifest and payload."""
     body = {"state": snap.state, "graph": snap.graph, "service": snap.service}
@@ -149,7 +149,7 @@ def test_forged_pickles_run_nothing_on_any_restore_path(tmp_path: Any, kind: str
     change = {"node state": _forge_node_state(marker), "buffered sample": _forge_buffered_sample(marker),
               "whole payload as format 1": lambda body: Marker(marker),
               "one node state as format 1": _forge_node_state(marker)}[kind]
-    manifest, payload = _forge(snap, change, version=1 if "format 1" in kind else 2)
+    manifest, payload = _forge(snap, change, version=1 if "format 1" in kind else 3)
     for route, run in _routes(tmp_path, manifest, payload).items():
         with pytest.raises(snapshot.UntrustedStateError) as info:
             run()
@@ -176,12 +176,13 @@ def test_forged_graph_or_service_pickles_are_never_unpickled_onto_a_code_built_g
     assert list(dl) == rest
 
 
-def test_a_pickle_in_place_of_the_data_section_is_refused_as_corrupt(tmp_path: Any) -> None:
+@pytest.mark.parametrize("encoding", ["msgpack", "data"])
+def test_a_pickle_in_place_of_the_data_section_is_refused_as_corrupt(tmp_path: Any, encoding: str) -> None:
     snap, _ = _saved()
     marker = str(tmp_path / "ran")
     forged = pickle.dumps(Marker(marker))
     manifest = dict(snap.manifest)
-    manifest["payload"] = {**format.payload_record(forged), "encoding": "data", "data": len(forged), "pickled": []}
+    manifest["payload"] = {**format.payload_record(forged), "encoding": encoding, "data": len(forged), "pickled": []}
     for route, run in _routes(tmp_path, manifest, forged).items():
         with pytest.raises(snapshot.CorruptSnapshotError):
             run()
@@ -205,7 +206,7 @@ def test_a_pickled_value_the_manifest_does_not_list_is_refused(tmp_path: Any) ->
 
 def test_honest_state_is_data_and_needs_no_trust(tmp_path: Any) -> None:
     snap, rest = _saved()
-    assert snap.info.payload is not None and snap.info.payload.encoding == "data"
+    assert snap.info.payload is not None and snap.info.payload.encoding == "msgpack"
     assert snap.info.payload.pickled == () and not snap.info.payload.needs_trust
     state = snap.state_dict()
     path = tmp_path / "state.pt"
@@ -288,18 +289,18 @@ def test_format1_state_dicts_load_with_weights_only_and_restore_with_trust() -> 
         assert [list(b) for b in _run(dl)] == _rest(workers)
 
 
-def test_format1_from_snapshot_trusts_the_file_and_saving_again_writes_format2(tmp_path: Any) -> None:
+def test_format1_from_snapshot_trusts_the_file_and_saving_again_writes_format3(tmp_path: Any) -> None:
     dl = snapshot.DataLoader2.from_snapshot(_fixture("workers0.snap"))
     it = iter(dl)
     first = next(it)
     again = tmp_path / "again.snap"
     dl.save_snapshot(str(again), include_graph=False)
-    assert snapshot.read_manifest(str(again))["format"] == format.FORMAT_VERSION == 2
+    assert snapshot.read_manifest(str(again))["format"] == format.FORMAT_VERSION == 3
     rest = [first, *it, *dl]
     dl.shutdown()
     assert [list(b) for b in rest] == _rest(0)
     fresh = snapshot.DataLoader2(format1.graph())
-    fresh.restore_snapshot(str(again))  # format 2: no trust needed
+    fresh.restore_snapshot(str(again))  # format 3: no trust needed
     assert [list(b) for b in _run(fresh)] == _rest(0)[1:]
 
 

@@ -111,8 +111,8 @@ def test_a_wrong_field_is_named_with_what_was_expected(edit: Any, message: str) 
 
 
 @pytest.mark.parametrize(("version", "message"), [
-    (3, "written in snapshot format 3, which a newer release of snapshot reads; this installation "
-        f"(snapshot {snapshot.__version__}) reads formats 1 to 2. Upgrade"),
+    (4, "written in snapshot format 4, which a newer release of snapshot reads; this installation "
+        f"(snapshot {snapshot.__version__}) reads formats 1 to 3. Upgrade"),
     (0, "written in snapshot format 0, which no release of snapshot reads"),
 ])
 def test_an_unknown_format_version_names_it_and_what_reads_it(version: int, message: str) -> None:

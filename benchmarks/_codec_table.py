@@ -1,0 +1,201 @@
+"""The data encoding against pickle and msgpack, in one run (the first table of ``python -m benchmarks scale``).
+
+1. Three states through ``snapshot.container._codec.encode``/``decode``, ``pickle`` (protocol 5) and
+   ``msgpack.packb``/``unpackb`` (raw: its own types, an array as an ext of its bytes): 10,000 positions as
+   tuples of 3 ints, 12 small node states, 2,000 numpy arrays of 16 KiB. Minimum of ``repeat`` runs (a shared
+   machine stretches the others). Budgets: ours at most pickle's time, and at most 1.5x msgpack's raw time.
+2. Through the public API, a user pipe (torchdata's ``Stateful`` protocol) that has read 10,000 items,
+   whose state is a set of their ids and their 10,000 ``(file, offset, count)`` tuples:
+   ``save_snapshot(path)`` against ``pickle.dump`` of the same state to a file, and, in a fresh process each, a restore to the first sample against
+   ``pickle.load`` of that file. Budget: within 1.5x of pickle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from torch.utils.data import IterDataPipe
+
+from benchmarks.common import table
+
+__all__ = ["Remember", "run"]
+
+#: Ours at most pickle's time, and at most this multiple of msgpack's raw time.
+MSGPACK_BUDGET = 1.5
+#: Through the public API: within this multiple of pickle.
+PICKLE_BUDGET = 1.5
+
+
+def states() -> dict[str, Any]:
+    import numpy
+
+    return {
+        "10,000 positions (tuples of 3 ints)": [(i, i * 7, 3) for i in range(10_000)],
+        "12 small node states": {f"0/datapipe/{i}": {"yielded": i, "state": {"seen": i, "offset": 4096 * i,
+                                                                             "file": f"/data/part-{i:05d}.tar"}}
+                                 for i in range(12)},
+        "2,000 numpy arrays of 16 KiB": [numpy.full(2048, i, dtype="<f8") for i in range(2_000)],
+    }
+
+
+def _fastest(run: Callable[[], Any], repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _msgpack(value: Any) -> tuple[Callable[[], Any], Callable[[bytes], Any]]:
+    import msgpack
+    import numpy
+
+    def default(obj: Any) -> Any:
+        if isinstance(obj, numpy.ndarray):
+            return msgpack.ExtType(1, obj.tobytes())
+        raise TypeError(type(obj).__name__)
+
+    def hook(code: int, data: bytes) -> Any:
+        return numpy.frombuffer(data, "<f8").copy()
+
+    return (lambda: msgpack.packb(value, default=default)), (lambda data: msgpack.unpackb(data, ext_hook=hook))
+
+
+def _timed(value: Any, repeat: int) -> dict[str, tuple[float, float]]:
+    """(encode, decode) seconds of ``value`` by ours, pickle and msgpack."""
+    from snapshot.container import _codec
+
+    ours, pickled = _codec.encode(value)[0], pickle.dumps(value, 5)
+    pack, unpack = _msgpack(value)
+    packed = pack()
+    return {"ours": (_fastest(lambda: _codec.encode(value), repeat), _fastest(lambda: _codec.decode(ours), repeat)),
+            "pickle": (_fastest(lambda: pickle.dumps(value, 5), repeat),
+                       _fastest(lambda: pickle.loads(pickled), repeat)),
+            "msgpack": (_fastest(pack, repeat), _fastest(lambda: unpack(packed), repeat))}
+
+
+def codec_rows(repeat: int) -> list[dict[str, Any]]:
+    figures = []
+    for name, value in states().items():
+        figures.append({"state": name, **_timed(value, repeat)})
+    return figures
+
+
+class Remember(IterDataPipe):  # type: ignore[type-arg]
+    """Yields its source's items, keeping the ids it saw and where it read each one (its state)."""
+
+    def __init__(self, source: Any) -> None:
+        self.source, self.seen, self.where = source, set(), []
+
+    def __iter__(self) -> Any:
+        for item in self.source:
+            self.seen.add(item)
+            self.where.append((f"/data/part-{item % 100:05d}.jsonl", item * 300, 5))
+            yield item
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seen": self.seen, "where": self.where}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.seen, self.where = state["seen"], state["where"]
+
+
+def stateful_graph() -> Any:
+    """``IterableWrapper(range(100_000))`` through :class:`Remember`."""
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    return Remember(IterableWrapper(range(100_000)))
+
+
+def _api_case(kind: str, path: str) -> dict[str, float]:
+    """One measurement of the public API, in this (fresh) process."""
+    import snapshot
+
+    if kind == "restore":
+        start = time.perf_counter()
+        loader: Any = snapshot.DataLoader2(stateful_graph())
+        loader.restore_snapshot(path)
+        next(iter(loader))
+        return {"seconds": time.perf_counter() - start}
+    if kind == "pickle-load":
+        start = time.perf_counter()
+        with open(path, "rb") as f:
+            pickle.load(f)
+        return {"seconds": time.perf_counter() - start}
+    loader = snapshot.DataLoader2(stateful_graph())
+    it = iter(loader)
+    for _ in range(10_000):
+        next(it)
+    pipe = loader.datapipe
+    while not hasattr(pipe, "seen"):
+        pipe = pipe.source
+    state = pipe.state_dict()
+    start = time.perf_counter()
+    loader.save_snapshot(path)
+    save = time.perf_counter() - start
+    start = time.perf_counter()
+    with open(path + ".pkl", "wb") as f:
+        pickle.dump(state, f, protocol=5)
+    return {"save": save, "pickle_dump": time.perf_counter() - start}
+
+
+def api_figures(repeat: int) -> dict[str, float]:
+    import statistics
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "api.snap")
+
+        def fresh(kind: str, target: str) -> dict[str, float]:
+            out = subprocess.run([sys.executable, "-c", "import sys, json; from benchmarks import _codec_table as t; "
+                                  "print(json.dumps(t._api_case(sys.argv[1], sys.argv[2])))", kind, target],
+                                 check=True, capture_output=True, text=True, timeout=600)
+            return json.loads(out.stdout.strip().splitlines()[-1])
+
+        saves = [fresh("save", path) for _ in range(repeat)]
+        restores = [fresh("restore", path)["seconds"] for _ in range(repeat)]
+        loads = [fresh("pickle-load", path + ".pkl")["seconds"] for _ in range(repeat)]
+    return {"save": statistics.median(s["save"] for s in saves),
+            "pickle_dump": statistics.median(s["pickle_dump"] for s in saves),
+            "restore": statistics.median(restores), "pickle_load": statistics.median(loads)}
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.2f} ms"
+
+
+def run(repeat: int) -> dict[str, Any]:
+    """Print both tables and their budgets; the figures and the verdicts."""
+    rows = codec_rows(max(repeat, 20))
+    print("the data encoding: encode / decode, fastest of", max(repeat, 20), "runs")
+    print(table(["state", "ours", "pickle (protocol 5)", "msgpack (raw)"],
+                [[r["state"], *(f"{_ms(r[k][0])} / {_ms(r[k][1])}" for k in ("ours", "pickle", "msgpack"))]
+                 for r in rows]))
+    verdicts = []
+    print(f"budgets: ours <= pickle and <= {MSGPACK_BUDGET}x msgpack's raw time (encode, decode)")
+    for r in rows:
+        for index, step in enumerate(("encode", "decode")):
+            ours, pick, raw = r["ours"][index], r["pickle"][index], r["msgpack"][index]
+            ok = ours <= pick and ours <= MSGPACK_BUDGET * raw
+            verdicts.append({"budget": f"codec {step}", "state": r["state"], "pass": ok})
+            print(f"   {r['state']}, {step}: {ours / pick:.2f}x pickle, {ours / raw:.2f}x msgpack "
+                  f"{'PASS' if ok else 'FAIL'}")
+    api = api_figures(repeat)
+    print("\nthe public API, a Stateful pipe holding a set of 10,000 ids and 10,000 (file, offset, count) tuples "
+          "(medians of", repeat, "fresh processes):")
+    save_ok = api["save"] <= PICKLE_BUDGET * api["pickle_dump"]
+    restore_ok = api["restore"] <= PICKLE_BUDGET * api["pickle_load"]
+    print(f"   save_snapshot {_ms(api['save'])} vs pickle.dump {_ms(api['pickle_dump'])}: "
+          f"{api['save'] / api['pickle_dump']:.2f}x {'PASS' if save_ok else 'FAIL'}")
+    print(f"   restore to the first sample {_ms(api['restore'])} vs pickle.load {_ms(api['pickle_load'])}: "
+          f"{api['restore'] / api['pickle_load']:.2f}x {'PASS' if restore_ok else 'FAIL'}")
+    verdicts += [{"budget": "api save", "pass": save_ok}, {"budget": "api restore", "pass": restore_ok}]
+    return {"codec": rows, "api": api, "budgets": verdicts}

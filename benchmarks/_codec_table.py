@@ -6,8 +6,8 @@
    machine stretches the others). Budgets: ours at most pickle's time, and at most 1.5x msgpack's raw time.
 2. Through the public API, a user pipe (torchdata's ``Stateful`` protocol) that has read 10,000 items,
    whose state is a set of their ids and their 10,000 ``(file, offset, count)`` tuples:
-   ``save_snapshot(path)`` against ``pickle.dump`` of the same state to a file, and, in a fresh process each, a restore to the first sample against
-   ``pickle.load`` of that file. Budget: within 1.5x of pickle.
+   ``save_snapshot(path)`` against ``pickle.dump`` of the same state to a file, and, in a fresh
+   process each, a restore to the first sample against ``pickle.load`` of that file. Budget: within 1.5x of pickle.
 """
 
 from __future__ import annotations

@@ -7,11 +7,13 @@ the other ranks get more of the samples no one had read. With enough of those le
 end the rest of the epoch even (``"drop"`` loses, ``"pad"`` repeats, fewer than R' samples);
 near the end of the epoch there are too few, and a policy would drop or repeat hundreds of
 samples: the restore is refused on every rank, and ``even_batches=None`` still yields every
-sample exactly once. The next epoch is split afresh: whole and even.
+sample exactly once. The next epoch is split afresh: rank by rank, in order, that of a run that
+always had R' ranks and the saved logical shards.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from typing import Any
@@ -67,11 +69,29 @@ def _saved(tmp_path: Any, ranks: int, samples: int, workers: int = 0) -> tuple[s
     return directory, Counter(x for share in seen for x in share)
 
 
-def _check_next(resumed: list[dict[str, Any]], samples: int) -> None:
-    """The epoch after the restore: every sample once, and as many on each rank."""
+def fresh_epochs(rank: int, world: int, samples: int, shards: int) -> list[list[Any]]:
+    """Two epochs of a run that always had ``world`` ranks and ``shards`` logical shards."""
+    ranks = snapshot.DistributedReadingService(timeout=60, logical_shards=shards, even_batches=None)
+    with snapshot.DataLoader2(graph(samples), reading_service=ranks) as loader:
+        loader.seed(7)
+        return [list(loader) for _ in range(2)]
+
+
+@functools.cache
+def fresh_run(world: int, samples: int, shards: int) -> list[list[list[Any]]]:
+    """Each rank's epochs on ``world`` ranks (read once per session)."""
+    return run_ranks(world, fresh_epochs, samples, shards, pg_timeout=30, timeout=180)
+
+
+def _check_next(resumed: list[dict[str, Any]], samples: int, shards: int) -> None:
+    """The epoch after the restore: every sample once, as many on each rank, and rank by rank, in
+    order, epoch 1 of a run that always had as many ranks and the saved ``shards`` logical shards."""
     shares = [r["next"] for r in resumed]
     assert Counter(x for share in shares for x in share) == every(samples)
     assert len({len(share) for share in shares}) == 1, [len(share) for share in shares]
+    fresh = fresh_run(len(resumed), samples, shards)
+    for rank, share in enumerate(shares):
+        assert share == fresh[rank][1], f"rank {rank} of {len(shares)}"
 
 
 # (saved on, resumed on, samples): 2 -> 3 and 3 -> 2 ranks, with 10 or 15 samples unread in the epoch
@@ -101,7 +121,7 @@ def test_buffers_too_uneven_for_the_samples_left_are_refused_on_every_rank(tmp_p
     rest = Counter(x for r in resumed for x in r["rest"])
     assert rest + seen == every(samples)
     assert sorted(len(r["rest"]) for r in resumed) == sorted(int(n) for n in left.split(", "))
-    _check_next(resumed, samples)
+    _check_next(resumed, samples, before)
 
 
 @pytest.mark.slow
@@ -112,7 +132,7 @@ def test_with_a_worker_per_rank_the_samples_it_produced_ahead_count_too(tmp_path
     assert all(isinstance(f, RankFailure) and f.message.startswith("LayoutError: ") for f in failures), failures
     resumed = run_ranks(3, resumed_run, directory, 600, None, 1, pg_timeout=30)
     assert Counter(x for r in resumed for x in r["rest"]) + seen == every(600)
-    _check_next(resumed, 600)
+    _check_next(resumed, 600, 2)
 
 
 # the same, earlier in the epoch (so many unread samples are left that they even the buffers out)
@@ -134,7 +154,7 @@ def test_unread_samples_even_out_the_buffers(tmp_path, before: int, after: int, 
     else:
         assert not every(samples) - got, "a sample was lost"
         assert sum((got - every(samples)).values()) < after, "pad repeated R' samples or more"
-    _check_next(resumed, samples)
+    _check_next(resumed, samples, before)
 
 
 def keep(x: int) -> bool:

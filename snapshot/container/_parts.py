@@ -98,15 +98,21 @@ def distributed_manifest(infos: Sequence[Mapping[str, Any]], *, save: str | None
         loader=schema.LoaderPosition(epoch=loaders[0].epoch, yielded=sum(x.yielded for x in loaders),
                                      epoch_finished=all(x.epoch_finished for x in loaders),
                                      lookahead=sum(x.lookahead for x in loaders)),
-        service=dataclasses.replace(first.service, rank=None, ranks=len(infos), owners=owners),
+        service=dataclasses.replace(first.service, rank=None, ranks=len(infos), owners=owners,
+                                    extra={k: v for k, v in first.service.extra.items() if k != schema.HANDOUT}),
         shards=tuple(shards),
         upstream=tuple(u for m in manifests for u in m.upstream),
-        ranks=tuple(schema.RankPosition(int(info["rank"]), m.loader) for info, m in zip(infos, manifests)),
+        ranks=tuple(schema.RankPosition(int(info["rank"]), m.loader, _handout(m)) for info, m in zip(infos, manifests)),
         parts=tuple(schema.PartRecord(int(i["rank"]), i["file"], i["sha256"], int(i["size"])) for i in infos),
         payload=None,
         save=save,
     )
     return combined.to_dict()
+
+
+def _handout(manifest: schema.Manifest) -> schema.Handout | None:
+    record = manifest.service.extra.get(schema.HANDOUT)
+    return None if record is None else schema.Handout.from_dict(record, "service.handout")
 
 
 def parts_state_dict(infos: Sequence[Mapping[str, Any]], parts: list[bytes], *,

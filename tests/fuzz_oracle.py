@@ -56,8 +56,6 @@ EXPLAINED: dict[str, str] = {
     r"needs a sharding point, and this graph has none": "by design: logical_shards > 1 needs a sharding point",
     r"replaying the graph did not reproduce the saved position":
         "issue 34 item 3: a replay through in_memory_cache does not reach the saved position",
-    r"cannot be restored evenly onto \d+ ranks": "by design: samples buffered below the sharding point stay on their "
-        "shard's rank, and near an epoch's end too few unread ones are left to even the ranks out",
 }
 #: The share of a case's restores that must be exact, besides the explained refusals.
 MIN_EXACT = 0.5

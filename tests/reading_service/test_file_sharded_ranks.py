@@ -17,8 +17,8 @@ the rest of epoch 0 and epoch 1:
   many it drops; or the restore is refused on every rank with a ``LayoutError`` that gives the
   counts.
 
-Rescaled restores of such pipelines lose samples silently today (issue 31): those cases are
-strict xfails, which the fix turns into passes.
+A fresh job whose files do not divide among its ranks is held to the same bound. Before issue 31's
+re-shard plan, the rescaled restores and fresh jobs under ``"drop"`` here lost samples silently.
 """
 
 from __future__ import annotations
@@ -47,12 +47,6 @@ from tests.reading_service.test_distributed_even import _Records
 SEED = 5
 BATCH = 2  # the tar pipeline's batches
 SAMPLES_PER_FILE = {"tar": 6, "gz": 7}
-ISSUE_31 = ("issue 31: a restore of a file-sharded pipeline onto another number of ranks loses samples "
-            "silently (or its equalizing policy drops R' items or more, unannounced)")
-ISSUE_31_FRESH = ("issue 31: a fresh job whose files do not divide among its ranks drops R' items or more an "
-                  "epoch under even_batches='drop', and nothing says how many")
-
-
 # -- the files and the pipelines ------------------------------------------------------------------
 
 def write_files(root: str, kind: str, files: int) -> str:
@@ -289,13 +283,12 @@ def test_a_restore_on_as_many_ranks_continues_each_rank_exactly(case: Case, tmp_
 
 
 OTHER_RANKS = [
-    # 2 -> 3 ranks, files that do not divide: 10 samples lost in epoch 0 and 12 in epoch 1, silently
-    pytest.param(Case("tar", 5, 2, 0, 3, 0, 2, "drop"), marks=pytest.mark.xfail(strict=True, reason=ISSUE_31)),
-    # 3 -> 2, out of workers; 6 files divide both ways: 10 samples lost in epoch 0, silently
-    pytest.param(Case("tar", 6, 3, 1, 2, 0, 1, "drop"), marks=pytest.mark.xfail(strict=True, reason=ISSUE_31)),
+    # the three restores under "drop" lost 10 samples of epoch 0 (and 12 of epoch 1), silently, before
+    # issue 31's re-shard plan
+    Case("tar", 5, 2, 0, 3, 0, 2, "drop"),   # 2 -> 3 ranks, files that do not divide
+    Case("tar", 6, 3, 1, 2, 0, 1, "drop"),   # 3 -> 2, out of workers; 6 files divide both ways
     Case("tar", 4, 2, 0, 3, 0, 1, None),     # 2 -> 3 with no policy: every sample exactly once
-    # 2 -> 3, out of workers: epoch 0's rest loses samples, silently
-    pytest.param(Case("gz", 4, 2, 1, 3, 0, 3, "drop"), marks=pytest.mark.xfail(strict=True, reason=ISSUE_31)),
+    Case("gz", 4, 2, 1, 3, 0, 3, "drop"),    # 2 -> 3, out of workers
     Case("gz", 3, 3, 0, 2, 1, 2, None),      # 3 -> 2, into workers
     Case("gz", 4, 2, 0, 1, 0, 3, None),      # onto one rank
 ]
@@ -308,9 +301,10 @@ def test_a_restore_on_another_number_of_ranks_is_exactly_once_or_refused(case: C
 
 FRESH = [
     Case("gz", 4, 2, 0, 2, 0, 0, "drop"),    # 4 files on 2 ranks: nothing to drop
-    # files that do not divide: "drop" stops every rank where the shortest share ends (0.9's stream), silently
-    pytest.param(Case("gz", 3, 2, 0, 2, 0, 0, "drop"), marks=pytest.mark.xfail(strict=True, reason=ISSUE_31_FRESH)),
-    pytest.param(Case("tar", 5, 3, 0, 3, 0, 0, "drop"), marks=pytest.mark.xfail(strict=True, reason=ISSUE_31_FRESH)),
+    # files that do not divide: "drop" stopped every rank where the shortest share ended (0.9's stream),
+    # dropping 7 and 12 samples an epoch, silently, before issue 31's re-shard plan
+    Case("gz", 3, 2, 0, 2, 0, 0, "drop"),
+    Case("tar", 5, 3, 0, 3, 0, 0, "drop"),
 ]
 
 

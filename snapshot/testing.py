@@ -17,7 +17,7 @@
 Comparisons are sample for sample (:func:`same_items`: tensors by dtype, shape and value); a
 difference is an ``AssertionError`` naming the cut, the run, the strategy, the epoch and the
 first differing sample. A restore onto ``restore_service`` is compared with the stream on
-``reading_service`` (for one seed and number of logical shards, the same)::
+``reading_service`` (the same for one seed and number of logical shards). In your tests::
 
     def test_my_pipeline_resumes():
         assert_resumes_exactly(lambda: MySource(...).shuffle().map(parse).batch(32), epochs=2)

@@ -1,29 +1,34 @@
 """The resume-equivalence harness: prove that a graph restores exactly, at every cut point.
 
-:func:`assert_resumes_exactly` builds a graph from a factory, runs it uninterrupted for a
-few epochs, then for each cut point runs it again, saves a snapshot there, restores the
-snapshot into a freshly built loader (optionally in a fresh process, optionally onto a
-different reading service) and checks that the continued stream equals the uninterrupted
-one, sample for sample, through the end of the last epoch.
+:func:`assert_resumes_exactly` checks, for a graph built by a factory and a fixed seed:
 
-Use it on your own pipes::
+1. **The reference**: the graph read uninterrupted for ``epochs`` epochs.
+2. **Saving changes nothing**: for each cut point, a run reads to the cut, saves a snapshot and
+   reads on in the same loader through the last epoch; its whole stream must be the reference
+   (a ``state_dict()`` or hook that disturbs the live pipe fails here).
+3. **The restore continues the stream**: the snapshot (through a real file unless
+   ``via_file=False``) is restored, with each strategy, into a loader over a freshly built graph
+   (in a fresh process, on another reading service, if asked); what it reads through the last
+   epoch must be the reference from the cut on.
+4. **A restore of a restore** (a cut with ``then``): the first restore reads to the second cut,
+   saves again and reads on through the last epoch, all of it compared with the reference; the
+   second snapshot is restored into another fresh loader and compared from the second cut.
 
-    from snapshot.testing import assert_resumes_exactly
-
-    def make_graph():
-        return MySource(...).shuffle().map(parse).batch(32)
+Comparisons are sample for sample (:func:`same_items`: tensors by dtype, shape and value); a
+difference is an ``AssertionError`` naming the cut, the run, the strategy, the epoch and the
+first differing sample. A restore onto ``restore_service`` is compared with the stream on
+``reading_service`` (the same for one seed and number of logical shards). In your tests::
 
     def test_my_pipeline_resumes():
-        assert_resumes_exactly(make_graph, epochs=2)
+        assert_resumes_exactly(lambda: MySource(...).shuffle().map(parse).batch(32), epochs=2)
 
-Cut points are ``(epoch, samples)`` pairs. The default set covers the start, the first
-sample, the middle, the last sample, the end of the epoch before and after ``StopIteration``,
-a point in a later epoch, and a restore followed by a second cut ("twice in a row").
+The default cuts are the start, the first sample, the middle, the last sample, the end of the
+epoch before and after ``StopIteration``, a point in a later epoch, and twice in a row.
 
-:func:`assert_hook_roundtrip` checks one state hook at every step: at each sample of a run
-that saves as it goes, the snapshot (every node's hook state) goes through the real
-:func:`snapshot.save` and :func:`snapshot.load`, is restored with ``strategy="state"`` into a
-fresh pipe from the factory, and the rest of the stream must equal the uninterrupted one.
+:func:`assert_hook_roundtrip` checks one state hook at every step: a run saves before every
+sample (it must yield the reference), and each snapshot goes through :func:`snapshot.save` and
+:func:`snapshot.load`, is restored with ``strategy="state"`` into a fresh pipe from the factory,
+and must continue with the reference.
 """
 
 from __future__ import annotations
@@ -66,6 +71,30 @@ def first_difference(expected: Sequence[Any], actual: Sequence[Any]) -> int | No
     if len(expected) != len(actual):
         return min(len(expected), len(actual))
     return None
+
+
+def _check_continuation(what: str, cut: Cut, position: int, expected: list[list[Any]],
+                       streams: list[list[Any]]) -> None:
+    """Raise naming ``what`` was read (the cut and how) and the first differing sample, if any."""
+    if len(expected) != len(streams):
+        raise AssertionError(f"{what} read {len(streams)} epoch(s) after the cut at {cut}, expected {len(expected)}")
+    for offset, (want, got) in enumerate(zip(expected, streams)):
+        index = first_difference(want, got)
+        if index is not None:
+            epoch = cut.epoch + offset + (1 if cut.finished else 0)
+            start = position if offset == 0 and not cut.finished else 0
+            raise AssertionError(
+                f"{what} diverges in epoch {epoch} at sample {start + index}: expected "
+                f"{_show(want, index)}, got {_show(got, index)} "
+                f"(expected {len(want)} more samples, got {len(got)})"
+            )
+
+
+def _show(items: Sequence[Any], index: int) -> str:
+    if index >= len(items):
+        return "<end of epoch>"
+    text = repr(items[index])
+    return text if len(text) < 120 else text[:117] + "..."
 
 
 @dataclass(frozen=True)
@@ -127,38 +156,24 @@ def _reference(factory: Callable[[], Any], service: Callable[[], Any] | None,
         return [list(loader) for _ in range(epochs)]
 
 
-def _take_to(loader: Any, epoch: int, samples: int, finished: bool) -> Any:
-    for _ in range(epoch):
-        for _ in loader:
-            pass
-    it = iter(loader)
-    for _ in range(samples):
-        next(it)
-    if finished:
-        for _ in it:
-            pass
-    return it
-
-
 Continuation = tuple[list[list[Any]], bytes | None]
 
 
 def _continue(factory: Callable[[], Any], service: Callable[[], Any] | None, data: bytes,
               strategy: str, epochs_left: int, second_cut: int | None, buffer_state: str = "values") -> Continuation:
-    """Restore ``data`` into a fresh loader and read ``epochs_left`` epochs (the first partial)."""
+    """Restore ``data`` into a fresh loader and read ``epochs_left`` epochs (the first partial); with
+    ``second_cut``, save again after that many samples and read on (and return that snapshot too)."""
     from snapshot import DataLoader2
 
     loader: Any
-    with DataLoader2(factory(), reading_service=service() if service else None,
-                     buffer_state=buffer_state) as loader:
+    with DataLoader2(factory(), reading_service=service() if service else None, buffer_state=buffer_state) as loader:
         # this process just saved ``data``: its pickled values (samples that are not data) are trusted
         loader.restore_snapshot(io.BytesIO(data), strategy=strategy, allow_pickle=True)
-        if second_cut is not None:
-            it = iter(loader)
-            for _ in range(second_cut):
-                next(it)
-            return [], loader.save_snapshot().to_bytes()
-        return [list(loader) for _ in range(epochs_left)], None
+        if second_cut is None:
+            return [list(loader) for _ in range(epochs_left)], None
+        it = iter(loader)
+        head, second = [next(it) for _ in range(second_cut)], loader.save_snapshot().to_bytes()
+        return [head + list(it), *[list(loader) for _ in range(epochs_left - 1)]], second
 
 
 def _continue_in_child(conn: Any, args: tuple[Any, ...]) -> None:
@@ -206,21 +221,6 @@ def _through_file(snap: Any) -> bytes:
             return f.read()
 
 
-def _check_continuation(what: str, cut: Cut, position: int, expected: list[list[Any]],
-                        streams: list[list[Any]]) -> None:
-    """Raise naming ``what`` was restored (the cut and how) and the first differing sample, if any."""
-    for offset, (want, got) in enumerate(zip(expected, streams)):
-        index = first_difference(want, got)
-        if index is not None:
-            epoch = cut.epoch + offset + (1 if cut.finished else 0)
-            start = position if offset == 0 and not cut.finished else 0
-            raise AssertionError(
-                f"{what} diverges in epoch {epoch} at sample {start + index}: expected "
-                f"{_show(want, index)}, got {_show(got, index)} "
-                f"(expected {len(want)} more samples, got {len(got)})"
-            )
-
-
 def assert_resumes_exactly(
     factory: Callable[[], Any],
     *,
@@ -234,7 +234,8 @@ def assert_resumes_exactly(
     via_file: bool = True,
     buffer_state: str = "values",
 ) -> ResumeReport:
-    """Check that every cut of ``factory()``'s graph resumes to the uninterrupted stream.
+    """Check that saving at every cut leaves ``factory()``'s stream as it was, and that every
+    cut restores to the uninterrupted stream (the module's page lists each comparison).
 
     Args:
         factory: builds the graph (called once per loader; must build the same graph).
@@ -250,7 +251,8 @@ def assert_resumes_exactly(
         buffer_state: the loaders' ``buffer_state`` (``"values"`` or ``"positions"``).
 
     Raises:
-        AssertionError: naming the cut, the strategy and the first differing sample.
+        AssertionError: naming the cut, the run that differs (the one that saved, a restore, a
+            restore saved again), the strategy and the first differing sample.
 
     Examples:
         >>> from torch.utils.data.datapipes.iter import IterableWrapper
@@ -267,26 +269,44 @@ def assert_resumes_exactly(
     report = ResumeReport(lengths, strategies=list(strategies))
     restore_with = restore_service or reading_service
     for cut in (list(cuts) if cuts is not None else default_cuts(lengths)):
-        with _loader(factory, reading_service, seed, buffer_state) as loader:
-            _take_to(loader, cut.epoch, cut.samples, cut.finished)
-            snap = loader.save_snapshot()
-        data = _through_file(snap) if via_file else snap.to_bytes()
+        data = _save_at(factory, reading_service, seed, buffer_state, cut, reference, via_file)
+        epochs_left = epochs - cut.epoch - (1 if cut.finished else 0)
         for strategy in strategies:
-            position = cut.samples
-            blob = data
+            how, position, blob = f"with strategy={strategy!r}", cut.samples, data
             if cut.then is not None:
-                _, second = _run_continuation(
-                    fresh_process, (factory, restore_with, blob, strategy, 0, cut.then - cut.samples, buffer_state))
-                assert second is not None
-                blob, position = second, cut.then
-            epochs_left = epochs - cut.epoch - (1 if cut.finished else 0)
-            streams, _ = _run_continuation(
-                fresh_process, (factory, restore_with, blob, strategy, epochs_left, None, buffer_state))
-            expected = [] if cut.finished else [reference[cut.epoch][position:]]
-            expected += reference[cut.epoch + 1:]
-            _check_continuation(f"restore at [{cut}] with strategy={strategy!r}", cut, position, expected, streams)
+                args = (factory, restore_with, blob, strategy, epochs_left, cut.then - cut.samples, buffer_state)
+                streams, second = _run_continuation(fresh_process, args)
+                _check_continuation(f"the restore at [{cut}] {how}, saved again at its second cut and read on,",
+                                    cut, position, _after(reference, cut, position), streams)
+                blob, position = second or b"", cut.then
+            streams, _ = _run_continuation(fresh_process, (factory, restore_with, blob, strategy, epochs_left, None,
+                                                           buffer_state))
+            _check_continuation(f"restore at [{cut}] {how}", cut, position, _after(reference, cut, position), streams)
         report.cuts.append(cut)
     return report
+
+
+def _after(reference: list[list[Any]], cut: Cut, position: int) -> list[list[Any]]:
+    """The reference from ``position`` of the cut's epoch (from the next epoch if it had finished)."""
+    return ([] if cut.finished else [reference[cut.epoch][position:]]) + reference[cut.epoch + 1:]
+
+
+def _save_at(factory: Callable[[], Any], service: Callable[[], Any] | None, seed: int, buffer_state: str,
+             cut: Cut, reference: list[list[Any]], via_file: bool) -> bytes:
+    """Read to ``cut``, save, read on through the last epoch: the snapshot's bytes (the whole run checked)."""
+    loader: Any
+    with _loader(factory, service, seed, buffer_state) as loader:
+        stream = [list(loader) for _ in range(cut.epoch)]
+        it = iter(loader)
+        stream.append([next(it) for _ in range(cut.samples)] + (list(it) if cut.finished else []))
+        snap = loader.save_snapshot()
+        data = _through_file(snap) if via_file else snap.to_bytes()
+        if not cut.finished:
+            stream[-1] += list(it)
+        stream += [list(loader) for _ in range(len(reference) - cut.epoch - 1)]
+    _check_continuation(f"the run that saved at [{cut}] (a run must not change when it saves, nor differ from another "
+                        "with its seed: a state_dict() or hook with a side effect?)", Cut(0, 0), 0, reference, stream)
+    return data
 
 
 def _steps(length: int, max_steps: int) -> list[int]:
@@ -306,14 +326,13 @@ def assert_hook_roundtrip(
 ) -> ResumeReport:
     """Check the state hook of ``factory()``'s pipe at every step of ``epochs`` epochs.
 
-    The pipe needs a hook: one registered with :func:`snapshot.register_state_hook`
-    (iterator or object hook), or its own ``state_dict()`` / ``load_state_dict(state)`` (the
-    torchdata ``Stateful`` protocol); so do the pipes it reads from (the built-in ones have
-    one). One run saves a snapshot before every sample and after the end of each epoch; it
-    must yield the uninterrupted stream. Each snapshot is written with :func:`snapshot.save`,
-    read back with :func:`snapshot.load`, restored with ``strategy="state"`` (every node from
-    its state, nothing replayed) into a loader over a fresh ``factory()``, and the rest of
-    the stream, through the last epoch, must equal the uninterrupted one.
+    The pipe needs a hook (registered with :func:`snapshot.register_state_hook`, or its own
+    ``state_dict()`` / ``load_state_dict(state)``), and so do the pipes it reads from (the
+    built-in ones have one). One run saves before every sample and after each epoch's end, and
+    must yield the uninterrupted stream; each snapshot, written with :func:`snapshot.save` and
+    read with :func:`snapshot.load`, is restored with ``strategy="state"`` (nothing replayed)
+    into a loader over a fresh ``factory()``, whose stream through the last epoch must be the
+    rest of the uninterrupted one.
 
     Args:
         factory: builds the pipe (a fresh instance per call, the same graph every time).
@@ -343,6 +362,7 @@ def assert_hook_roundtrip(
     reference = _reference(factory, None, seed, epochs)
     report = ResumeReport([len(e) for e in reference], strategies=["state"])
     saved: list[tuple[Cut, bytes]] = []
+    runs: list[list[Any]] = []
     loader: Any
     with _loader(factory, None, seed) as loader:
         for epoch, want in enumerate(reference):
@@ -357,21 +377,16 @@ def assert_hook_roundtrip(
                 except StopIteration:
                     break
             saved.append((Cut(epoch, len(got), finished=True), _saved(loader)))
-            index = first_difference(want, got)
-            if index is not None:
-                raise AssertionError(
-                    f"saving a snapshot at every step changed the stream: epoch {epoch} differs at sample "
-                    f"{index}: expected {_show(want, index)}, got {_show(got, index)}")
+            runs.append(got)
+    _check_continuation("the run that saved a snapshot at every step", Cut(0, 0), 0, reference, runs)
     fresh: Any
     for cut, data in saved:
         snap = load(io.BytesIO(data), allow_pickle=True)  # saved by this process just now
         with DataLoader2(factory(), reading_service=None) as fresh:
             fresh.restore_snapshot(snap, strategy="state")
             streams = [list(fresh) for _ in range(epochs - cut.epoch - (1 if cut.finished else 0))]
-        expected = [] if cut.finished else [reference[cut.epoch][cut.samples:]]
-        expected += reference[cut.epoch + 1:]
         _check_continuation(f"the hook state saved at [{cut}] and restored into a fresh {type(pipe).__qualname__}",
-                            cut, cut.samples, expected, streams)
+                            cut, cut.samples, _after(reference, cut, cut.samples), streams)
         report.cuts.append(cut)
     return report
 
@@ -383,10 +398,3 @@ def _saved(loader: Any) -> bytes:
     buffer = io.BytesIO()
     save(loader.save_snapshot(include_graph=False), buffer)
     return buffer.getvalue()
-
-
-def _show(items: Sequence[Any], index: int) -> str:
-    if index >= len(items):
-        return "<end of epoch>"
-    text = repr(items[index])
-    return text if len(text) < 120 else text[:117] + "..."

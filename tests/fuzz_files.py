@@ -1,4 +1,5 @@
-"""Small real files for the fuzz grammar's file sources, and the sources that read them.
+"""Small real files for the fuzz grammar's file sources, and the sources that read them (some
+sharded by file: a ``sharding_filter`` between the lister and the opener).
 
 Every source ends in plain, comparable samples (names and contents, never open streams),
 with paths cut to their base name, so a stream read in one process equals the same stream
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import bz2
 import csv
+import gzip
 import hashlib
 import io
 import json
@@ -36,6 +38,8 @@ except ImportError:  # torchdata>=0.10 has no DataPipes
     td = None
 
 FILES = 4
+#: Files of each source sharded by file (odd: they do not divide among 2 workers or ranks).
+SHARDED_FILES = 3
 
 
 def write_data(root: str) -> str:
@@ -66,8 +70,22 @@ def write_data(root: str) -> str:
         for i in range(FILES + 1):
             _add(tar, f"s{i}.txt", f"text {i}".encode())
             _add(tar, f"s{i}.cls", str(i % 2).encode())
+    _write_sharded(root)
     _write(root, ".done", b"")
     return root
+
+
+def _write_sharded(root: str) -> None:
+    """Files for the sources sharded by file: tar shards and gzip JSON lines, uneven in samples."""
+    for sub in ("shards", "gz"):
+        os.makedirs(os.path.join(root, sub), exist_ok=True)
+    for f in range(SHARDED_FILES):
+        with tarfile.open(os.path.join(root, "shards", f"t{f}.tar"), "w") as tar:
+            for i in range(f % 3 + 2):
+                _add(tar, f"k{f}_{i}.txt", f"shard {f} sample {i}".encode())
+                _add(tar, f"k{f}_{i}.cls", str(i % 2).encode())
+        lines = "".join(json.dumps({"file": f, "line": j}) + "\n" for j in range(f % 2 + 2))
+        _write(root, f"gz/g{f}.jsonl.gz", gzip.compress(lines.encode(), mtime=0))
 
 
 def _write(root: str, name: str, data: bytes) -> None:
@@ -193,3 +211,24 @@ def source(kind: str, root: str) -> Any:
         writes = Mapper(IterableWrapper(range(FILES)), to_file)
         return Mapper(td.Saver(writes, mode="wb", filepath_fn=functools.partial(_saved_path, root)), name_only)
     raise ValueError(f"unknown file source {kind!r}")
+
+
+#: File sources sharded by file: a ``sharding_filter`` between the lister and the opener, so each
+#: item at the sharding point is a whole file of samples.
+SHARDED_KINDS = ("tar_shards", "gz_lines", "txt_lines")
+
+
+def sharded_source(kind: str, root: str) -> Any:
+    """The file source ``kind`` of :data:`SHARDED_KINDS` over the files under ``root``."""
+    from torch.utils.data.datapipes.iter import ShardingFilter, Shuffler
+
+    if kind == "tar_shards":  # WebDataset-style: the file names shuffled above the sharding point
+        names = ShardingFilter(Shuffler(_lister(root, "shards", "*.tar"), buffer_size=SHARDED_FILES))
+        return Mapper(td.WebDataset(td.TarArchiveLoader(FileOpener(names, mode="b"))), read_members)
+    if kind == "gz_lines":
+        opened = FileOpener(ShardingFilter(_lister(root, "gz", "*.jsonl.gz")), mode="b")
+        return Mapper(td.LineReader(td.Decompressor(opened), decode=True), base)
+    if kind == "txt_lines":
+        opened = FileOpener(ShardingFilter(_lister(root, "txt", "*.txt")), mode="b")
+        return Mapper(td.LineReader(opened, decode=True), base)
+    raise ValueError(f"unknown sharded file source {kind!r}")

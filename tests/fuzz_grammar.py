@@ -205,6 +205,8 @@ def _source(name: str, a: list[Any], root: str) -> Any:
         return td.ShardExpander(IterableWrapper([f"s{{0..{a[0]}}}"]))
     if name == "files":
         return fuzz_files.source(a[0], fuzz_files.write_data(root))
+    if name == "sharded_files":  # a sharding point between the lister and the opener
+        return fuzz_files.sharded_source(a[0], fuzz_files.write_data(root))
     raise ValueError(name)
 
 
@@ -280,9 +282,11 @@ small = st.integers(1, 5)
 TORCH_SOURCES = [_node("range", st.tuples(st.integers(0, 20))),
                  _node("sampler", st.tuples(st.integers(0, 12))),
                  _node("files", st.tuples(st.sampled_from(fuzz_files.TORCH_KINDS)))]
+SHARDED_FILES = _node("sharded_files", st.tuples(st.sampled_from(fuzz_files.SHARDED_KINDS)))
 TORCHDATA_SOURCES = [_node("seqmap", st.tuples(st.integers(0, 12))),
                      _node("shard_expand", st.tuples(st.integers(1, 8))),
-                     _node("files", st.tuples(st.sampled_from(fuzz_files.TORCH_KINDS + fuzz_files.TORCHDATA_KINDS)))]
+                     _node("files", st.tuples(st.sampled_from(fuzz_files.TORCH_KINDS + fuzz_files.TORCHDATA_KINDS))),
+                     SHARDED_FILES]
 
 UNARY_ARGS: dict[str, st.SearchStrategy[Any]] = {
     "shuffle": st.tuples(st.integers(1, 12)), "map": st.tuples(st.booleans()),
@@ -394,7 +398,7 @@ CUTS = st.one_of(st.tuples(st.integers(0, 1), st.just("at"), st.integers(0, 1000
 def sharded_at(graph: Any, depth: int) -> Any:
     """``graph`` with a ``sharding_filter`` ``depth`` pipes below its sink (along first inputs),
     unless it has a sharding point already."""
-    if '"shard"' in json.dumps(graph) or '"rr_dispatch"' in json.dumps(graph):
+    if any(f'"{name}"' in json.dumps(graph) for name in ("shard", "rr_dispatch", "sharded_files")):
         return graph
     if depth == 0 or len(graph) < 3 or graph[0] == "out":
         return ["shard", [], graph]
@@ -423,6 +427,38 @@ def cases(torchdata: bool = td is not None) -> st.SearchStrategy[dict[str, Any]]
     return fields.map(_case)
 
 
+#: Rank services by name, ``r<ranks>w<workers per rank>`` (see ``tests/fuzz_ranks.service``): (saved on,
+#: restored onto), on as many ranks (other workers) and on other numbers of ranks.
+RANK_PAIRS = (("r2w0", "r3w0"), ("r2w0", "r2w0"), ("r3w0", "r2w0"), ("r2w1", "r3w0"), ("r2w2", "r2w1"),
+              ("r2w0", "r1w0"))
+
+
+def rank_graphs() -> st.SearchStrategy[Any]:
+    """Small graphs for the ranks: over a source sharded by file (mostly), or a range sharded above.
+
+    Only pipes that work sample by sample (and shuffles): one that groups or counts samples
+    (``batch``, ``header``, ``enumerate``) works per sub-shard below the sharding point, so on
+    another number of ranks it yields other items by design (docs/concepts/logical-shards.md).
+    """
+    sources = st.one_of(SHARDED_FILES, SHARDED_FILES, _node("range", st.tuples(st.integers(6, 20))))
+    names = ("shuffle", "map", "filter", "flatmap", "shuffled_flatmap")
+
+    def extend(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+        return _unary(children, names)
+    return st.tuples(st.recursive(sources, extend, max_leaves=4), st.integers(0, 3)).map(
+        lambda t: sharded_at(t[0], t[1]))
+
+
+def rank_cases() -> st.SearchStrategy[dict[str, Any]]:
+    """A graph, a seed, the rank services that save and restore, a cut (permille of the shortest
+    rank's epoch 0), and the equalizing policy (``even_batches``)."""
+    fields = st.fixed_dictionaries({
+        "graph": rank_graphs(), "seed": st.integers(0, 2**31 - 1), "services": st.sampled_from(RANK_PAIRS),
+        "cut": st.integers(0, 1000), "policy": st.sampled_from([None, "drop"])})
+    return fields.map(lambda f: {"graph": f["graph"], "seed": f["seed"], "save_on": f["services"][0],
+                                 "restore_on": f["services"][1], "cut": f["cut"], "policy": f["policy"]})
+
+
 def _case(fields: dict[str, Any]) -> dict[str, Any]:
     """The fields in a fixed order, the two services apart (so a reproducer reads well)."""
     save_on, restore_on = fields["services"]
@@ -431,7 +467,7 @@ def _case(fields: dict[str, Any]) -> dict[str, Any]:
             "again": fields["again"]}
 
 
-def draw_cases(examples: int, seed: int = 0) -> list[dict[str, Any]]:
+def draw_cases(examples: int, seed: int = 0, kind: str = "graphs") -> list[dict[str, Any]]:
     """``examples`` cases, the same ones for the same ``seed`` in any process.
 
     Hypothesis draws some integers from the constants of the local modules loaded at the
@@ -444,12 +480,12 @@ def draw_cases(examples: int, seed: int = 0) -> list[dict[str, Any]]:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-W", "ignore", "-m", "tests.fuzz_grammar", "--draw", str(examples),
-                           str(seed)], cwd=root, env=env, capture_output=True, text=True, timeout=300, check=True)
+                           str(seed), kind], cwd=root, env=env, capture_output=True, text=True, timeout=300, check=True)
     drawn: list[dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
     return drawn
 
 
-def _draw_here(examples: int, seed: int) -> list[dict[str, Any]]:
+def _draw_here(examples: int, seed: int, kind: str = "graphs") -> list[dict[str, Any]]:
     """Draw four times as many, then keep graphs of new shapes first (hypothesis draws runs of
     small variations of one graph)."""
     pool: list[dict[str, Any]] = []
@@ -457,7 +493,7 @@ def _draw_here(examples: int, seed: int) -> list[dict[str, Any]]:
     @hypothesis_seed(seed)
     @settings(max_examples=4 * examples, database=None, deadline=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
-    @given(cases())
+    @given(cases() if kind == "graphs" else rank_cases())
     def collect(case: dict[str, Any]) -> None:
         pool.append(case)
 
@@ -502,6 +538,7 @@ def _one_of_each() -> list[Any]:
     leaf = ["range", [6]]
     out = [["range", [3]], ["seqmap", [3]], ["sampler", [3]], ["shard_expand", [2]]]
     out += [["files", [k]] for k in (*fuzz_files.TORCH_KINDS, *fuzz_files.TORCHDATA_KINDS)]
+    out += [["sharded_files", [k]] for k in fuzz_files.SHARDED_KINDS]
     out += [[n, [2, True, 1, 1, True], leaf] if n != "groupby" else [n, [2, 4, 2], leaf] for n in UNARY]
     out += [[n, [], leaf, leaf] for n in BINARY[:5]] + [["sample_mux", [0.5, 0.5, 1], leaf, leaf]]
     out += [[m, [2, r, 1, 1, 3], leaf, ["out", [0]], ["out", [1]]] for m in MULTI for r in RECOMBINERS]
@@ -519,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["--draw"]:
-        print(json.dumps(_draw_here(int(args[1]), int(args[2]))))
+        print(json.dumps(_draw_here(int(args[1]), int(args[2]), *args[3:4])))
         return 0
     from tests import fuzz_oracle
 

@@ -15,7 +15,10 @@ from snapshot.storage import _sources
 from tests import graphs
 from tests.cli.test_cli import rewrite, run_cli, run_cli_batch, save, three_shards
 
-needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed")
+needs_dot = pytest.mark.skipif(
+    shutil.which("dot") is None,
+    reason="Graphviz's `dot` is not on PATH, so the SVG/PNG path cannot run here: install Graphviz "
+           "(apt-get install graphviz; .ci/run does that in CI)")
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 import snapshot
@@ -70,3 +73,73 @@ def test_the_harness_catches_an_off_by_one_restore(monkeypatch) -> None:
     with pytest.raises(AssertionError, match=r"diverges in epoch 0 at sample 4"):
         assert_resumes_exactly(lambda: IterableWrapper(range(10)), epochs=1, cuts=[Cut(0, 4)],
                                strategies=("state",))
+
+
+class Position(IterDataPipe):
+    """``range(n)`` whose state is its position (the ``Stateful`` protocol): it restores exactly.
+
+    ``skip_on_save``: ``state_dict()`` also moves the live iterator one sample on, a side effect
+    of saving that a restore never shows. ``wrong_until_saved``: a restored pipe yields wrong
+    samples until it is saved again, which a restore of that second snapshot never shows.
+    """
+
+    def __init__(self, n: int, *, skip_on_save: bool = False, wrong_until_saved: bool = False) -> None:
+        self.n, self.skip_on_save, self.wrong_until_saved = n, skip_on_save, wrong_until_saved
+        self.position, self.wrong, self.saved_again = 0, False, False
+
+    def reset(self) -> None:
+        self.position = 0
+
+    def __iter__(self) -> Iterator[int]:
+        while self.position < self.n:
+            value = self.position
+            self.position += 1
+            yield value + (100 if self.wrong else 0)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {"position": self.position, "saved_again": self.wrong or self.saved_again}
+        self.wrong = False
+        if self.skip_on_save and self.position < self.n:
+            self.position += 1
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.position, self.saved_again = state["position"], state["saved_again"]
+        self.wrong = self.wrong_until_saved and not self.saved_again
+
+
+def skips_on_save() -> Any:
+    return Position(12, skip_on_save=True).batch(2)
+
+
+def wrong_until_saved() -> Any:
+    return Position(12, wrong_until_saved=True).batch(2)
+
+
+def well_behaved() -> Any:
+    return Position(12).batch(2)
+
+
+def test_the_harness_catches_a_save_that_changes_the_live_stream() -> None:
+    # each restore alone is exact (the state is the position before the skip): only the run that
+    # saved and went on shows the sample the save skipped
+    with pytest.raises(AssertionError, match=r"the run that saved at \[epoch 0, after 1 samples\] \(a run must "
+                                             r"not change when it saves.* diverges in epoch 0 at sample 1: expected "
+                                             r"\[2, 3\], got \[3, 4\]"):
+        assert_resumes_exactly(skips_on_save, epochs=2, strategies=("state",))
+
+
+def test_the_harness_compares_what_a_restore_reads_before_it_is_saved_again() -> None:
+    # restored, the pipe is wrong until its next save; the snapshot of that save restores exactly
+    with pytest.raises(AssertionError, match=r"the restore at \[epoch 0, after 1 samples, restored, then cut again "
+                                             r"after 4\] with strategy='state', saved again at its second cut and "
+                                             r"read on, diverges in epoch 0 at sample 1: expected \[2, 3\], got "
+                                             r"\[102, 103\]"):
+        assert_resumes_exactly(wrong_until_saved, epochs=2, strategies=("state",), cuts=[Cut(0, 1, then=4)])
+
+
+def test_the_harness_passes_the_same_pipe_without_side_effects() -> None:
+    # the control: the same pipe and cuts, saving has no effect and a restore is right at once
+    report = assert_resumes_exactly(well_behaved, epochs=2, strategies=("state", "fast_forward"))
+    assert len(report.cuts) >= 7
+    assert_resumes_exactly(well_behaved, epochs=2, strategies=("state",), cuts=[Cut(0, 1, then=4)])

@@ -441,6 +441,15 @@ def _rank_rest(rank: int, world: int, directory: str) -> dict[str, list[Any]]:
         return {"rest": list(loader), "next": list(loader)}
 
 
+def _rank_fresh_next(rank: int, world: int) -> list[Any]:
+    """Epoch 1 of a run that always had ``world`` ranks and 2 logical shards."""
+    with snapshot.DataLoader2(issue_case(), reading_service=snapshot.DistributedReadingService(
+            60, logical_shards=2, even_batches=None)) as loader:
+        loader.seed(SEED)
+        list(loader)
+        return list(loader)
+
+
 @pytest.mark.parametrize(("saved", "resumed", "steps"), [(2, 3, 7), (2, 1, 25), (2, 1, 45)])
 def test_a_cycle_below_the_sharding_point_restored_onto_another_number_of_ranks(
         tmp_path: Any, saved: int, resumed: int, steps: int) -> None:
@@ -455,6 +464,8 @@ def test_a_cycle_below_the_sharding_point_restored_onto_another_number_of_ranks(
     epoch = Counter(x for share in seen for x in share) + Counter(x for r in after for x in r["rest"])
     assert epoch == every_pass, "each sample once per pass in the interrupted epoch"
     assert Counter(x for r in after for x in r["next"]) == every_pass
+    # the next epoch, rank by rank: that of a run that always had ``resumed`` ranks
+    assert [r["next"] for r in after] == run_ranks(resumed, _rank_fresh_next)
 
 
 def _rank_refused(rank: int, world: int, directory: str) -> str:

@@ -73,20 +73,23 @@ def _shuffled_batches(root: str) -> Any:
 
 
 def test_webdataset_behind_a_shuffle_resumes_with_2_workers_and_onto_1(root: str) -> None:
+    # 10 batches an epoch: mid-shard, a restore saved again, after the epoch, in epoch 1
     factory = functools.partial(_shuffled_batches, root)
     two = functools.partial(snapshot.MultiProcessingReadingService, num_workers=2)
     one = functools.partial(snapshot.MultiProcessingReadingService, num_workers=1)
-    cuts = [Cut(0, 1), Cut(0, 5), Cut(0, 10, finished=True)]
+    cuts = [Cut(0, 1), Cut(0, 10, finished=True), Cut(1, 3)]
     assert_resumes_exactly(factory, reading_service=two, epochs=2, cuts=cuts, via_file=False)
-    assert_resumes_exactly(factory, reading_service=two, restore_service=one, epochs=1, cuts=cuts[1:2],
-                           via_file=False)
+    assert_resumes_exactly(factory, reading_service=two, restore_service=one, epochs=2,
+                           cuts=[Cut(0, 5), Cut(0, 2, then=7), Cut(1, 3)], via_file=False)
 
 
 def test_gzip_lines_resume_from_2_workers_in_process(root: str) -> None:
+    # 30 lines in 3 files on 2 logical shards: 4 and 15 mid-file, 9 and 19 across a file's end
     factory = functools.partial(corpus.gzip_lines, root)
     two = functools.partial(snapshot.MultiProcessingReadingService, num_workers=2)
-    assert_resumes_exactly(factory, reading_service=two, restore_service=snapshot.InProcessReadingService, epochs=1,
-                           cuts=[Cut(0, 4), Cut(0, 15)], via_file=False)
+    cuts = [Cut(0, 4), Cut(0, 9), Cut(0, 4, then=19), Cut(0, 30, finished=True), Cut(1, 15)]
+    assert_resumes_exactly(factory, reading_service=two, restore_service=snapshot.InProcessReadingService, epochs=2,
+                           cuts=cuts, via_file=False)
 
 
 # -- a restore costs the state, not the position ----------------------------------------------

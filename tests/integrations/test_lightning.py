@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
 
+from tests.dist import run_ranks  # noqa: E402
 from tests.integration_jobs import job_env, page_script, read_results, run_job, write_result  # noqa: E402
 
 if importlib.util.find_spec("lightning") is None:  # (not imported here: only the jobs import Lightning)
@@ -76,6 +76,7 @@ def job(spec: dict[str, Any]) -> None:
             super().__init__()
             self.layer = torch.nn.Linear(1, 1)
             self.seen: list[Any] = []
+            self.epochs: list[int] = []  # the epoch of each batch in ``seen``
             self.start_step = -1
 
         def on_train_start(self) -> None:
@@ -83,6 +84,7 @@ def job(spec: dict[str, Any]) -> None:
 
         def training_step(self, batch: Any, batch_idx: int) -> Any:
             self.seen.append(batch.tolist())
+            self.epochs.append(self.current_epoch)
             return self.layer(batch.float().unsqueeze(1)).pow(2).mean()
 
         def configure_optimizers(self) -> Any:
@@ -121,7 +123,8 @@ def job(spec: dict[str, Any]) -> None:
             except snapshot.SnapshotError as exc:
                 results[name] = {"error": str(exc), "seen": model.seen}
                 continue
-            results[name] = {"seen": model.seen, "start": model.start_step, "service": data.service}
+            results[name] = {"seen": model.seen, "epochs": model.epochs, "start": model.start_step,
+                             "service": data.service}
     write_result(spec["out"], spec.get("name", spec["task"]), t.global_rank, results)
 
 
@@ -293,6 +296,7 @@ def test_fit_with_workers_resumes_onto_another_worker_count(tmp_path: Path) -> N
     assert read_results(tmp_path, "train")[0]["service"] == "MultiProcessingReadingService"
 
 
+@pytest.mark.timeout(600)  # four Lightning jobs of up to three processes each
 def test_ddp_fit_resumes_on_every_rank(tmp_path: Path) -> None:
     # Two DDP ranks launched by Lightning, one worker each: 8 batches per rank and epoch.
     check_resumes(tmp_path, devices=2, workers=1, resume_workers=1, every=3, ends=["end-epoch=0", "end-epoch=1"])
@@ -300,45 +304,67 @@ def test_ddp_fit_resumes_on_every_rank(tmp_path: Path) -> None:
     assert {r["service"] for r in full} == {"SequentialReadingService"}
     first = [set(map(tuple, r["seen"][:8])) for r in full]
     assert not first[0] & first[1], "the two ranks must read different batches"
-    # onto one device: from the end of an epoch, the next epoch is both ranks' batches; from
-    # mid-epoch, the batch each rank's fetcher had taken ahead, then the rest of both shares
+    # onto one device: from the end of an epoch, epoch 2 of the one stream of the 2 logical shards;
+    # from mid-epoch, the batch each rank's fetcher had taken ahead, then the rest of both shares
+    # (each batch once), then epoch 1 of that stream
     checkpoints = tmp_path / "ckpt"
     run(tmp_path, {"task": "resume", "name": "alone", "devices": 1, "workers": 0, "steps": 32,
                    "resume": [str(checkpoints / "end-epoch=1.ckpt"), str(checkpoints / "step=3.ckpt")]})
     (alone,) = read_results(tmp_path, "alone")
-    both = [tuple(b) for rank in full for b in rank["seen"][16:]]  # epoch 2, as far as the DDP run went
-    got = [tuple(b) for b in alone["end-epoch=1"]["seen"]]
-    assert alone["end-epoch=1"]["start"] == 16 and len(got) == 16
-    assert Counter(both) <= Counter(got)
-    assert sorted(x for b in got for x in b) == list(range(60))  # one whole epoch, every sample once
+    single = _one_stream(epochs=3)
+    end = alone["end-epoch=1"]
+    assert end["start"] == 16 and _from_zero(end["epochs"]) == [0] * 16 and end["seen"] == single[2]
     mid = alone["step=3"]
-    assert mid["start"] == 3 and len(mid["seen"]) == 29
+    assert mid["start"] == 3 and _from_zero(mid["epochs"]) == [0] * 10 + [1] * 16 + [2] * 3
     before = [x for rank in full for b in rank["seen"][:3] for x in b]
     assert sorted(before + [x for b in mid["seen"][:10] for x in b]) == list(range(60))  # epoch 0: once each
     assert [tuple(b) for b in mid["seen"][:2]] == [tuple(rank["seen"][3]) for rank in full]  # taken ahead
-    assert sorted(x for b in mid["seen"][10:26] for x in b) == list(range(60))  # epoch 1, whole
+    assert mid["seen"][10:26] == single[1] and mid["seen"][26:] == single[2][:3]
     # onto three: the 2 batches taken ahead go to ranks 0 and 1, and the restore evens out the rest
     # of the epoch around them, so the 3 ranks take the same number of steps (DDP's all-reduce
-    # would hang otherwise) and lose fewer than 3 batches of epoch 0; epoch 1 is whole
+    # would hang otherwise) and lose fewer than 3 batches of epoch 0; epoch 1 is, rank by rank, that
+    # of a run that always had 3 ranks (and the 2 logical shards)
     run(tmp_path, {"task": "resume", "name": "three", "devices": 3, "workers": 0,
                    "resume": [str(checkpoints / "step=3.ckpt")]})
     three = [rank["step=3"] for rank in read_results(tmp_path, "three")]
     assert all("error" not in rank and rank["start"] == 3 for rank in three), three
     assert len({len(rank["seen"]) for rank in three}) == 1
+    assert len({tuple(rank["epochs"]) for rank in three}) == 1, "the ranks' epochs end at different steps"
     assert [tuple(three[r]["seen"][0]) for r in range(2)] == [tuple(rank["seen"][3]) for rank in full]
-    assert _splits_into_epochs(before, [rank["seen"] for rank in three], per_epoch=6, ranks=3)
+    rest = [b for rank in three for b, e in zip(rank["seen"], _from_zero(rank["epochs"])) if e == 0]
+    done = before + [x for b in rest for x in b]
+    assert len(set(done)) == len(done) and 60 - len(done) < 4 * 3, "epoch 0: once each, < 3 batches lost"
+    fresh = run_ranks(3, _three_ranks_epoch_1)
+    for rank, result in enumerate(three):
+        epoch_1 = [b for b, e in zip(result["seen"], _from_zero(result["epochs"])) if e == 1]
+        assert epoch_1 == fresh[rank], f"rank {rank}"
 
 
-def _splits_into_epochs(before: list[int], shares: list[list[Any]], per_epoch: int, ranks: int) -> bool:
-    """Some first ``n`` steps of every rank finish epoch 0 (each sample at most once, fewer than
-    ``ranks`` batches lost) and the next ``per_epoch`` steps are a whole epoch, each sample once."""
-    for n in range(len(shares[0]) - per_epoch + 1):
-        rest = [x for share in shares for b in share[:n] for x in b]
-        epoch = sorted(x for share in shares for b in share[n:n + per_epoch] for x in b)
-        done = before + rest
-        if len(set(done)) == len(done) and 60 - len(done) < 4 * ranks and epoch == list(range(60)):
-            return True
-    return False
+def _from_zero(epochs: list[int]) -> list[int]:
+    """Lightning's epoch numbers counted from the resumed run's first (it numbers a resume from the
+    end of an epoch as that epoch)."""
+    return [e - epochs[0] for e in epochs]
+
+
+def _one_stream(epochs: int) -> list[list[Any]]:
+    """The batches of the seed's stream with the DDP run's 2 logical shards, in one process."""
+    import snapshot
+
+    with snapshot.DataLoader2(make_graph(), reading_service=snapshot.InProcessReadingService(logical_shards=2)) \
+            as loader:
+        loader.seed(SEED)
+        return [[b.tolist() for b in loader] for _ in range(epochs)]
+
+
+def _three_ranks_epoch_1(rank: int, world: int) -> list[Any]:
+    """Epoch 1 on a run that always had 3 ranks and 2 logical shards (Lightning's policy: drop)."""
+    import snapshot
+
+    ranks = snapshot.DistributedReadingService(timeout=60, logical_shards=2, even_batches="drop")
+    with snapshot.DataLoader2(make_graph(), reading_service=ranks) as loader:
+        loader.seed(SEED)
+        list(loader)
+        return [b.tolist() for b in loader]
 
 
 def test_reading_service_follows_the_strategy_and_refusals_are_clear(tmp_path: Path) -> None:

@@ -7,11 +7,13 @@ the ranks' shares of the rest of the epoch can differ by hundreds of samples. Th
 policy counts them as they are read: when a rank runs out, the ranks share what is left (see
 :mod:`snapshot.reading_service._ranks.even`), so ``"drop"`` loses and ``"pad"`` repeats fewer than R'
 samples, near the end of the epoch too, and ``even_batches=None`` yields every sample exactly
-once. The next epoch is split afresh: whole and even.
+once. The next epoch is split afresh: rank by rank, in order, that of a run that always had R'
+ranks and the saved logical shards.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from typing import Any
 
@@ -66,11 +68,29 @@ def _saved(tmp_path: Any, ranks: int, samples: int, workers: int = 0) -> tuple[s
     return directory, Counter(x for share in seen for x in share)
 
 
-def _check_next(resumed: list[dict[str, Any]], samples: int) -> None:
-    """The epoch after the restore: every sample once, and as many on each rank."""
+def fresh_epochs(rank: int, world: int, samples: int, shards: int) -> list[list[Any]]:
+    """Two epochs of a run that always had ``world`` ranks and ``shards`` logical shards."""
+    ranks = snapshot.DistributedReadingService(timeout=60, logical_shards=shards, even_batches=None)
+    with snapshot.DataLoader2(graph(samples), reading_service=ranks) as loader:
+        loader.seed(7)
+        return [list(loader) for _ in range(2)]
+
+
+@functools.cache
+def fresh_run(world: int, samples: int, shards: int) -> list[list[list[Any]]]:
+    """Each rank's epochs on ``world`` ranks (read once per session)."""
+    return run_ranks(world, fresh_epochs, samples, shards, pg_timeout=30, timeout=180)
+
+
+def _check_next(resumed: list[dict[str, Any]], samples: int, shards: int) -> None:
+    """The epoch after the restore: every sample once, as many on each rank, and rank by rank, in
+    order, epoch 1 of a run that always had as many ranks and the saved ``shards`` logical shards."""
     shares = [r["next"] for r in resumed]
     assert Counter(x for share in shares for x in share) == every(samples)
     assert len({len(share) for share in shares}) == 1, [len(share) for share in shares]
+    fresh = fresh_run(len(resumed), samples, shards)
+    for rank, share in enumerate(shares):
+        assert share == fresh[rank][1], f"rank {rank} of {len(shares)}"
 
 
 # (saved on, resumed on, samples): 2 -> 3 and 3 -> 2 ranks, with 10 or 15 samples unread in the epoch: the
@@ -105,7 +125,7 @@ def test_full_buffers_near_the_end_of_the_epoch_are_shared_out(tmp_path, before:
     directory, seen = _saved(tmp_path, before, samples)
     resumed = run_ranks(after, resumed_run, directory, samples, policy, pg_timeout=30, timeout=180)
     _check_rest(resumed, seen, samples, policy, after)
-    _check_next(resumed, samples)
+    _check_next(resumed, samples, before)
 
 
 @pytest.mark.slow
@@ -115,7 +135,7 @@ def test_with_a_worker_per_rank_the_samples_it_produced_ahead_count_too(tmp_path
     for policy in ["drop", None]:
         resumed = run_ranks(3, resumed_run, directory, 600, policy, 1, pg_timeout=30)
         _check_rest(resumed, seen, 600, policy, 3)
-        _check_next(resumed, 600)
+        _check_next(resumed, 600, 2)
 
 
 # the same, earlier in the epoch (so many unread samples are left that they even the buffers out)
@@ -129,7 +149,7 @@ def test_unread_samples_even_out_the_buffers(tmp_path, before: int, after: int, 
     directory, seen = _saved(tmp_path, before, samples)
     resumed = run_ranks(after, resumed_run, directory, samples, policy, pg_timeout=30, timeout=180)
     _check_rest(resumed, seen, samples, policy, after)
-    _check_next(resumed, samples)
+    _check_next(resumed, samples, before)
 
 
 def keep(x: int) -> bool:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -74,12 +76,31 @@ def test_restore_onto_workers_in_a_fresh_process() -> None:
                            epochs=2, fresh_process=True, cuts=[Cut(0, 3), Cut(1, 2)])
 
 
-def test_snapshot_holds_the_samples_in_flight() -> None:
-    with snapshot.DataLoader2(graphs.sharded_batches(), reading_service=Workers(2, prefetch_factor=4)) as loader:
+def marked(directory: str, x: int) -> int:
+    """``x``, leaving a file named by the worker process and ``x`` (a sample computed there)."""
+    open(os.path.join(directory, f"{os.getpid()}-{x}"), "w").close()
+    return graphs.double(x)
+
+
+def marked_batches(directory: str, n: int = 64) -> Any:
+    """``graphs.sharded_batches`` whose map marks each sample it computes."""
+    from torch.utils.data.datapipes.iter import Batcher, Collator, IterableWrapper, Mapper, ShardingFilter, Shuffler
+
+    dp = ShardingFilter(Shuffler(IterableWrapper(range(n)), buffer_size=16))
+    return Collator(Batcher(Mapper(dp, functools.partial(marked, directory)), batch_size=4))
+
+
+def test_snapshot_holds_the_samples_in_flight(tmp_path) -> None:
+    with snapshot.DataLoader2(marked_batches(str(tmp_path)), reading_service=Workers(2, prefetch_factor=4)) as loader:
         loader.seed(1)
         it = iter(loader)
         next(it)
-        time.sleep(0.3)  # let the workers run ahead
+        # a worker that has computed a sample of its third batch has handed its first two to the
+        # loader's queue: with one batch taken, at least one is produced and not yet yielded
+        deadline = time.monotonic() + 60
+        while max(Counter(n.split("-")[0] for n in os.listdir(tmp_path)).values(), default=0) < 9:
+            assert time.monotonic() < deadline, "no worker computed 9 samples within 60 s"
+            time.sleep(0.01)
         manifest = loader.save_snapshot().manifest
     in_flight = [shard["in_flight"] for shard in manifest["shards"]]
     assert sum(in_flight) > 0, in_flight

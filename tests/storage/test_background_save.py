@@ -64,6 +64,23 @@ def gate():
     Gate.armed = False
 
 
+@pytest.fixture
+def waiting(monkeypatch) -> threading.Event:
+    """Set when a thread starts waiting for a background save still in flight (the real wait runs)."""
+    from snapshot.storage._background import BackgroundSaver
+
+    entered = threading.Event()
+    wait = BackgroundSaver.wait
+
+    def observed(self: BackgroundSaver, timeout: float | None = None) -> None:
+        if self.busy:
+            entered.set()
+        wait(self, timeout)
+
+    monkeypatch.setattr(BackgroundSaver, "wait", observed)
+    return entered
+
+
 @pytest.mark.parametrize("service", [None, functools.partial(MultiProcessingReadingService, 2)],
                          ids=["in_process", "workers_2"])
 def test_background_save_resumes_exactly_and_does_not_change_the_stream(tmp_path, service) -> None:
@@ -130,7 +147,7 @@ def test_samples_changed_in_place_downstream_do_not_reach_the_saved_snapshot(tmp
     assert len(saved) == 10 and all(float(t.max()) < 40 for t in saved)
 
 
-def test_one_save_in_flight_the_next_waits(tmp_path, gate) -> None:
+def test_one_save_in_flight_the_next_waits(tmp_path, gate, waiting) -> None:
     with loader(gated) as dl:
         it = iter(dl)
         next(it)
@@ -141,8 +158,8 @@ def test_one_save_in_flight_the_next_waits(tmp_path, gate) -> None:
         caller = threading.Thread(target=lambda: second.append(
             dl.save_snapshot(tmp_path / "b.snap", blocking=False)))
         caller.start()
-        caller.join(0.3)
-        assert caller.is_alive() and not first.done()  # the second save waits for the first
+        assert waiting.wait(30), "the second save did not wait for the first"
+        assert not first.done() and not second  # held at the gate: the second save has not started
         gate.opened.set()
         caller.join(60)
         assert first.result(timeout=60) and second[0].result(timeout=60)
@@ -150,7 +167,7 @@ def test_one_save_in_flight_the_next_waits(tmp_path, gate) -> None:
     assert snapshot.load(tmp_path / "b.snap", allow_pickle=True).yielded == 1
 
 
-def test_shutdown_waits_for_the_save_in_flight(tmp_path, gate) -> None:
+def test_shutdown_waits_for_the_save_in_flight(tmp_path, gate, waiting) -> None:
     dl = loader(gated)
     it = iter(dl)
     next(it)
@@ -159,8 +176,8 @@ def test_shutdown_waits_for_the_save_in_flight(tmp_path, gate) -> None:
     assert gate.entered.wait(30)
     stopper = threading.Thread(target=dl.shutdown)
     stopper.start()
-    stopper.join(0.3)
-    assert stopper.is_alive()
+    assert waiting.wait(30), "shutdown() did not wait for the save in flight"
+    assert stopper.is_alive() and not future.done()  # held at the gate
     gate.opened.set()
     stopper.join(60)
     assert future.done() and os.path.exists(tmp_path / "a.snap")

@@ -2,7 +2,8 @@
 
 A directory snapshot here is built the way a distributed save lays it out (``manifest.snap``,
 the index, and ``rank-00000.snap``), from an in-process loader's snapshot, so these tests need
-no process group. The kill loop runs real saving processes and SIGKILLs them at random points.
+no process group. The kill loop runs real saving processes, holds each at a random point of its write
+and SIGKILLs it there.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -212,10 +212,16 @@ def test_paths_that_cannot_be_read_or_written_name_the_path(tmp_path: Path) -> N
 SAVER = textwrap.dedent("""
     import sys
     from snapshot.storage import _atomic
-    data = open(sys.argv[1], "rb").read()
-    print("ready", flush=True)
-    while True:
-        _atomic.atomic_write(sys.argv[2], data)
+    data, stop, size = open(sys.argv[1], "rb").read(), int(sys.argv[3]), 1 << 16
+
+    def pieces():
+        for n, start in enumerate(range(0, len(data), size)):
+            if n == stop:
+                print("written", start, flush=True)
+                sys.stdin.read()  # held mid-write until the test kills this process
+            yield data[start:start + size]
+
+    _atomic.atomic_write(sys.argv[2], pieces())
 """)
 
 
@@ -233,27 +239,37 @@ def test_saves_killed_at_random_points_leave_the_previous_snapshot_and_no_tempor
     it = iter(dl)
     next(it)
     snap = dl.save_snapshot()
-    blob = tmp_path / "blob"
-    blob.write_bytes(snap.to_bytes())
-    assert blob.stat().st_size > 2_000_000
+    next(it)
+    blob = tmp_path / "blob"  # the next snapshot, which the killed saves write over the first
+    blob.write_bytes(dl.save_snapshot().to_bytes())
+    new = blob.read_bytes()
+    assert len(new) > 2_000_000
     target = tmp_path / "ckpt" / "data.snap"
     snapshot.save(snap, str(target))
+    old = target.read_bytes()
     foreign = target.parent / ".data.snap.snapshot-tmp.notapid.x"  # not ours by name: never touched
     foreign.write_bytes(b"someone else's")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), *sys.path])}
     left = 0
     for _ in range(12):
-        proc = subprocess.Popen([sys.executable, "-c", SAVER, str(blob), str(target)], stdout=subprocess.PIPE,
-                                env=env)
+        stop = rng.randrange(1, len(new) >> 16)  # pieces of 64 KiB written before the kill
+        proc = subprocess.Popen([sys.executable, "-c", SAVER, str(blob), str(target), str(stop)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         try:
-            assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
-            time.sleep(rng.uniform(0, 0.15))
+            assert proc.stdout is not None
+            written = int(proc.stdout.readline().split(b"written ")[1])
+            (temporary,) = [n for n in ours(target.parent) if f".snapshot-tmp.{proc.pid}." in n]
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=30)
-            if proc.stdout is not None:
-                proc.stdout.close()
-        assert snapshot.load(str(target)).yielded == 1  # the previous snapshot is intact
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    pipe.close()
+        # the kill landed mid-write: the new snapshot's first bytes (not the old one's) are in its temporary
+        partial = (target.parent / temporary).read_bytes()
+        assert 0 < written == len(partial) < len(new) and partial == new[:written] != old[:written]
+        assert target.read_bytes() == old  # the previous snapshot is intact, byte for byte
+        assert snapshot.load(str(target)).yielded == 1
         left = max(left, len(ours(target.parent)) - 1)  # what the kills left, besides the foreign file
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait(timeout=30)  # a writer that is surely gone, whatever the kills above left

@@ -1,8 +1,20 @@
 """The parts of a multi-part snapshot as bytes: a rank's part (which carries its save's id, written
 with it by :mod:`snapshot.storage._stream`) checked against the index (:func:`check_part`), what the
-index records of it (:func:`part_info`), parts joined into one payload and split again
-(:func:`join_parts`, :func:`split_parts`), and the index itself (:func:`distributed_manifest`).
-Reading and writing the directory is :mod:`snapshot.storage.multipart`."""
+index records of it (:func:`part_info`), the index itself (:func:`distributed_manifest`), and the
+state-dict form (:func:`parts_state_dict`, read by :func:`read_state_dict`). Reading and writing the
+directory is :mod:`snapshot.storage.multipart`.
+
+A distributed loader's state dict is a rank's share of the snapshot::
+
+    {"snapshot_format": 2, "parts": {"rank-00003.snap": b"..."}}            # rank 3
+    {"snapshot_format": 2, "manifest": "<the index>", "parts": {...}}        # rank 0, with the index
+
+Each part is a complete snapshot file under its file's name in a directory snapshot, so that a
+framework that writes every rank's state (``torch.distributed.checkpoint``) writes each part once, by
+the rank that holds it; the index, which lists every part with its digest, is on rank 0's only. A
+trainer that writes rank 0's state alone gets every part on rank 0. State dicts of earlier versions
+held every part joined in one payload (:func:`join_parts`, :func:`split_parts`); they still load.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +26,12 @@ from typing import Any
 
 from snapshot import schema
 from snapshot.container import _dict_form, format
-from snapshot.errors import CorruptSnapshotError, TruncatedSnapshotError
+from snapshot.errors import CorruptSnapshotError, SnapshotFileError, TruncatedSnapshotError
+
+#: The key of a distributed state dict under which its parts are, each under its file's name.
+PARTS = "parts"
+#: Part names listed in an error before "and N more".
+_LISTED = 4
 
 
 def check_part(index: schema.Manifest, entry: schema.PartRecord, part: schema.Manifest, *, source: str) -> None:
@@ -109,10 +126,75 @@ def distributed_manifest(infos: Sequence[Mapping[str, Any]], *, save: str | None
     return combined.to_dict()
 
 
-def parts_state_dict(infos: Sequence[Mapping[str, Any]], parts: list[bytes], *,
+def parts_state_dict(index: Mapping[str, Any] | None, parts: Mapping[str, bytes], *,
                      key: bytes | str | None = None) -> dict[str, Any]:
-    """The state-dict form of a distributed snapshot: the same three keys as any other."""
-    manifest = distributed_manifest(infos)
-    payload = join_parts(parts)
-    manifest[format.PAYLOAD] = format.payload_record(payload)
-    return _dict_form.to_state_dict(manifest, payload, key=key)
+    """A distributed snapshot's state-dict form (or a rank's share of it): ``parts`` (each a snapshot file's
+    bytes under its file's name) and, where given, the index that lists and checks them (signed with a key)."""
+    state: dict[str, Any] = {format.STATE_DICT_MARKER: format.FORMAT_VERSION}
+    if index is not None:
+        state.update(_dict_form.to_state_dict(index, None, key=key))
+    state[PARTS] = dict(parts)
+    return state
+
+
+def read_state_dict(state: Any, *, key: bytes | str | None = None, source: str = "<state_dict>"
+                    ) -> tuple[format.Container, list[format.Container] | None]:
+    """A state dict verified: a single snapshot's container (and ``None``), or a distributed snapshot's
+    index and every part it lists, each checked against it (the form of :func:`parts_state_dict`, or the
+    earlier form with the parts joined in the payload)."""
+    if isinstance(state, Mapping) and PARTS in state:
+        return _keyed_parts(state, key=key, source=source)
+    container = _dict_form.from_state_dict(state, key=key, source=source)
+    if not container.info.is_index:
+        return container, None
+    assert container.payload is not None
+    blobs = split_parts(container.payload)
+    if len(blobs) != len(container.info.parts):
+        raise CorruptSnapshotError(f"the state dict's index lists {len(container.info.parts)} parts but its payload "
+                                   f"holds {len(blobs)}", source=source)
+    return container, [_checked(container.info, entry, blob, source=source, key=key)
+                       for entry, blob in zip(container.info.parts, blobs)]
+
+
+def _keyed_parts(state: Mapping[str, Any], *, key: bytes | str | None, source: str
+                 ) -> tuple[format.Container, list[format.Container]]:
+    parts = state[PARTS]
+    if not isinstance(parts, Mapping) or not all(isinstance(b, (bytes, bytearray)) for b in parts.values()):
+        raise CorruptSnapshotError(f"the state dict's {PARTS!r} is not a dict of part files' bytes", source=source)
+    if "manifest" not in state:
+        raise SnapshotFileError(
+            f"this state dict holds {_names(sorted(parts))} of a distributed loader's state, without the index "
+            "(the manifest that lists every part), which rank 0's state dict holds: restore from rank 0's "
+            "state_dict() (it holds every part), or load a torch.distributed.checkpoint checkpoint with "
+            "snapshot.integrations.dcp.load()", source=source)
+    index = _dict_form.read_manifest(state, key=key, source=source)
+    if not index.info.is_index:
+        raise CorruptSnapshotError("the state dict holds parts, but its manifest is not an index that lists them",
+                                   source=source)
+    missing = [entry.file for entry in index.info.parts if entry.file not in parts]
+    if missing:
+        raise SnapshotFileError(
+            f"this state dict holds {len(index.info.parts) - len(missing)} of the {len(index.info.parts)} parts its "
+            f"index lists; {_names(missing)} are not in it. It is one rank's share of a distributed loader's "
+            "state (torch.distributed.checkpoint writes each rank's): load a DCP checkpoint with "
+            "snapshot.integrations.dcp.load(), which reads the parts this rank needs", source=source)
+    return index, [_checked(index.info, entry, parts[entry.file], source=source, key=key)
+                   for entry in index.info.parts]
+
+
+def _checked(index: schema.Manifest, entry: schema.PartRecord, blob: bytes, *, source: str,
+             key: bytes | str | None) -> format.Container:
+    """The part ``entry`` from its bytes, checked against the index's record of it and against the index."""
+    if len(blob) != entry.size or hashlib.sha256(blob).hexdigest() != entry.sha256:
+        raise CorruptSnapshotError(
+            f"{entry.file} ({len(blob)} bytes) is not the part the index records ({entry.size} bytes, sha256 "
+            f"{entry.sha256[:16]}...): the state dict mixes parts of different saves, or a part was altered",
+            source=source)
+    part = format.unpack(bytes(blob), source=f"{source}: {entry.file}", key=key)
+    check_part(index, entry, part.info, source=source)
+    return part
+
+
+def _names(files: Sequence[str]) -> str:
+    shown = ", ".join(files[:_LISTED])
+    return shown if len(files) <= _LISTED else f"{shown} and {len(files) - _LISTED} more"

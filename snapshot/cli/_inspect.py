@@ -28,11 +28,28 @@ def add_command(commands: Any) -> None:
     cmd.add_argument("--json", action="store_true", help="print the manifest as JSON")
     cmd.add_argument("--full-paths", action="store_true",
                      help="show every node's full path in the tree (default: the edge from its parent)")
+    cmd.add_argument("--plan-for", metavar="RANKS[xWORKERS]", type=_target,
+                     help="print the re-shard plan of a restore onto RANKS ranks of WORKERS workers each (e.g. 3 or "
+                          "6x2): which units each rank runs, which parts it reads, what it hands out first")
     cmd.set_defaults(run=run)
+
+
+def _target(text: str) -> tuple[int, int]:
+    ranks, _, workers = text.lower().partition("x")
+    try:
+        target = int(ranks), int(workers or 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected RANKS or RANKSxWORKERS (e.g. 3 or 6x2), got {text!r}") from None
+    if target[0] < 1 or target[1] < 0:
+        raise argparse.ArgumentTypeError(f"expected at least 1 rank and 0 or more workers, got {text!r}")
+    return target
 
 
 def run(args: argparse.Namespace) -> int:
     manifest, _ = read(args.file)
+    if args.plan_for is not None:
+        print(_reshard(manifest, args.file, *args.plan_for))
+        return 0
     if args.json:  # as it is, even when it is not of the shape snapshot writes
         try:
             print(fmt.dumps_manifest(manifest))
@@ -41,6 +58,21 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(fit(render(read_view(manifest, args.file), full_paths=args.full_paths)))
     return 0
+
+
+def _reshard(manifest: dict[str, Any], source: str, ranks: int, workers: int) -> str:
+    from snapshot import schema
+    from snapshot.errors import ManifestError
+    from snapshot.reading_service.reshard import SavedLayout, plan_restore
+
+    try:
+        saved = SavedLayout.from_manifest(schema.Manifest.from_dict(manifest, source=source))
+    except ManifestError as exc:
+        raise CommandError(str(exc)) from exc
+    if saved is None:
+        return (f"{source}: no re-shard plan: the snapshot was taken before the first epoch, or by a service "
+                "that does not run logical shards")
+    return plan_restore(saved, ranks, workers).describe(limit=None)
 
 
 def describe_position(view: View) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from snapshot import schema
@@ -115,15 +115,21 @@ def distributed_manifest(infos: Sequence[Mapping[str, Any]], *, save: str | None
         loader=schema.LoaderPosition(epoch=loaders[0].epoch, yielded=sum(x.yielded for x in loaders),
                                      epoch_finished=all(x.epoch_finished for x in loaders),
                                      lookahead=sum(x.lookahead for x in loaders)),
-        service=dataclasses.replace(first.service, rank=None, ranks=len(infos), owners=owners),
+        service=dataclasses.replace(first.service, rank=None, ranks=len(infos), owners=owners,
+                                    extra={k: v for k, v in first.service.extra.items() if k != schema.HANDOUT}),
         shards=tuple(shards),
         upstream=tuple(u for m in manifests for u in m.upstream),
-        ranks=tuple(schema.RankPosition(int(info["rank"]), m.loader) for info, m in zip(infos, manifests)),
+        ranks=tuple(schema.RankPosition(int(info["rank"]), m.loader, _handout(m)) for info, m in zip(infos, manifests)),
         parts=tuple(schema.PartRecord(int(i["rank"]), i["file"], i["sha256"], int(i["size"])) for i in infos),
         payload=None,
         save=save,
     )
     return combined.to_dict()
+
+
+def _handout(manifest: schema.Manifest) -> schema.Handout | None:
+    record = manifest.service.extra.get(schema.HANDOUT)
+    return None if record is None else schema.Handout.from_dict(record, "service.handout")
 
 
 def parts_state_dict(index: Mapping[str, Any] | None, parts: Mapping[str, bytes], *,
@@ -137,13 +143,29 @@ def parts_state_dict(index: Mapping[str, Any] | None, parts: Mapping[str, bytes]
     return state
 
 
-def read_state_dict(state: Any, *, key: bytes | str | None = None, source: str = "<state_dict>"
-                    ) -> tuple[format.Container, list[format.Container] | None]:
+#: Which ranks' parts to read, given the index (``None``: all of them).
+Select = Callable[[schema.Manifest], Sequence[int] | None]
+
+
+def selected(index: format.Container, select: Select | None, *, source: str) -> list[schema.PartRecord]:
+    """The index's entries of the parts ``select`` names (all, without it or where it says ``None``)."""
+    entries = list(index.info.parts)
+    ranks = None if select is None else select(index.info)
+    if ranks is None:
+        return entries
+    missing = sorted(set(ranks) - set(range(len(entries))))
+    if missing:
+        raise CorruptSnapshotError(f"the index lists {len(entries)} parts, none for rank(s) {missing}", source=source)
+    return [entries[r] for r in sorted(set(ranks))]
+
+
+def read_state_dict(state: Any, *, key: bytes | str | None = None, source: str = "<state_dict>",
+                    select: Select | None = None) -> tuple[format.Container, list[format.Container] | None]:
     """A state dict verified: a single snapshot's container (and ``None``), or a distributed snapshot's
-    index and every part it lists, each checked against it (the form of :func:`parts_state_dict`, or the
-    earlier form with the parts joined in the payload)."""
+    index and the parts ``select(index)`` names (default: every part), each checked against it (the form of
+    :func:`parts_state_dict`, or the earlier form with the parts joined in the payload)."""
     if isinstance(state, Mapping) and PARTS in state:
-        return _keyed_parts(state, key=key, source=source)
+        return _keyed_parts(state, key=key, source=source, select=select)
     container = _dict_form.from_state_dict(state, key=key, source=source)
     if not container.info.is_index:
         return container, None
@@ -152,11 +174,11 @@ def read_state_dict(state: Any, *, key: bytes | str | None = None, source: str =
     if len(blobs) != len(container.info.parts):
         raise CorruptSnapshotError(f"the state dict's index lists {len(container.info.parts)} parts but its payload "
                                    f"holds {len(blobs)}", source=source)
-    return container, [_checked(container.info, entry, blob, source=source, key=key)
-                       for entry, blob in zip(container.info.parts, blobs)]
+    return container, [_checked(container.info, entry, blobs[entry.rank], source=source, key=key)
+                       for entry in selected(container, select, source=source)]
 
 
-def _keyed_parts(state: Mapping[str, Any], *, key: bytes | str | None, source: str
+def _keyed_parts(state: Mapping[str, Any], *, key: bytes | str | None, source: str, select: Select | None
                  ) -> tuple[format.Container, list[format.Container]]:
     parts = state[PARTS]
     if not isinstance(parts, Mapping) or not all(isinstance(b, (bytes, bytearray)) for b in parts.values()):
@@ -171,15 +193,15 @@ def _keyed_parts(state: Mapping[str, Any], *, key: bytes | str | None, source: s
     if not index.info.is_index:
         raise CorruptSnapshotError("the state dict holds parts, but its manifest is not an index that lists them",
                                    source=source)
-    missing = [entry.file for entry in index.info.parts if entry.file not in parts]
+    needed = selected(index, select, source=source)
+    missing = [entry.file for entry in needed if entry.file not in parts]
     if missing:
         raise SnapshotFileError(
-            f"this state dict holds {len(index.info.parts) - len(missing)} of the {len(index.info.parts)} parts its "
-            f"index lists; {_names(missing)} are not in it. It is one rank's share of a distributed loader's "
+            f"this state dict holds {len(parts)} of the {len(index.info.parts)} parts its index lists, and not "
+            f"{_names(missing)}, which this restore reads. It is one rank's share of a distributed loader's "
             "state (torch.distributed.checkpoint writes each rank's): load a DCP checkpoint with "
-            "snapshot.integrations.dcp.load(), which reads the parts this rank needs", source=source)
-    return index, [_checked(index.info, entry, parts[entry.file], source=source, key=key)
-                   for entry in index.info.parts]
+            "snapshot.integrations.dcp.load(), which reads the parts each rank needs", source=source)
+    return index, [_checked(index.info, entry, parts[entry.file], source=source, key=key) for entry in needed]
 
 
 def _checked(index: schema.Manifest, entry: schema.PartRecord, blob: bytes, *, source: str,

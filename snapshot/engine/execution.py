@@ -117,7 +117,7 @@ def rewind(graph: Graph, records: Mapping[str, NodeRecord], paths: Iterable[str]
 
 
 #: Builds the cell of a sharding point that a logical shard reads again on its own (see
-#: :mod:`snapshot.reading_service._reread`): ``(port, pass key, saved state or None)``.
+#: :mod:`snapshot.reading_service._shards.reread`): ``(port, pass key, saved state or None)``.
 Reread = Callable[[Any, tuple[int, ...], Any], Any]
 
 

@@ -12,8 +12,9 @@ number of ranks and workers it is loaded on::
     snapshot_dcp.load(state, checkpoint_id="ckpt/step7")     # dcp.load's arguments
 
 :func:`load` reads the index of every loader in ``state_dict`` (a few kilobytes), then, in one
-``dcp.load`` with everything else, the parts each rank needs, and restores the loaders. ``dcp.load``
-itself reads the index and the rank's own part: enough on the layout the checkpoint was saved on.
+``dcp.load`` with everything else, the parts each rank needs (those its re-shard plan names: its own on
+the same layout, its units' on another), and restores the loaders. ``dcp.load`` itself reads the index
+and the rank's own part: enough on the layout the checkpoint was saved on.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def load(state_dict: dict[str, Any], *, checkpoint_id: Any = None, storage_reade
     dcp.load(indexes, **options)
     rest = dict(state_dict)
     for key in loaders:
-        rest[key] = _state_dict.load_keys(indexes[key])
+        rest[key] = _state_dict.load_keys(loaders[key].reading_service, indexes[key])
     dcp.load(rest, planner=planner, **options)
     for key, loader in loaders.items():
         loader.load_state_dict({**indexes[key], **rest[key]})

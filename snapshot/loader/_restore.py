@@ -7,6 +7,7 @@ position is put back as it was.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from snapshot.container import _serialization
@@ -20,6 +21,7 @@ from snapshot.schema import RankState, SavedState, ServiceState, VerifyRecord
 
 if TYPE_CHECKING:
     from snapshot.reading_service.base import ReadingServiceInterface
+    from snapshot.storage.multipart import Select
 
 __all__ = ["Restorer", "load_with_graph"]
 
@@ -28,9 +30,14 @@ def load_with_graph(src: Any, reading_service: ReadingServiceInterface | None,
                     key: bytes | str | None) -> tuple[Snapshot, ReadingServiceInterface | None]:
     """For ``from_snapshot``: the snapshot (refused without a graph), and the reading service
     to build the loader with (the one saved in it when none is given)."""
-    from snapshot.storage._io import load
+    from snapshot.storage._io import is_directory, load
 
-    snap = load(src, key=key, allow_pickle=True)  # from_snapshot trusts the file: it unpickles its graph
+    if reading_service is None and is_directory(src):  # the saved service says which parts to read
+        head = load(src, key=key, allow_pickle=True, parts=lambda index: [0])
+        if head.service is not None:
+            reading_service = _serialization.loads(head.service, what="saved reading service")
+    parts = None if reading_service is None else reading_service.parts_to_read
+    snap = load(src, key=key, allow_pickle=True, parts=parts)  # from_snapshot trusts the file: it unpickles its graph
     if snap.graph is None:
         raise SnapshotError(
             "the snapshot was saved with include_graph=False, so it holds no graph: "
@@ -47,6 +54,29 @@ class Restorer:
 
     def __init__(self, graph: GraphCopy, service: LoaderService, position: LivePosition) -> None:
         self.graph, self.service, self.position = graph, service, position
+
+    def read(self, load: Callable[[Select], Snapshot]) -> Snapshot:
+        """``load(parts)``, reading only the parts of a distributed snapshot that this loader's service
+        names (one rank's share); on one rank of many, a failure on any rank is raised on every rank
+        (the rank that failed raises its own error, the others a :class:`RankError` naming it), so no
+        rank waits for another that will not come."""
+        service = self.service.service
+        collective = self.service.collective()
+        error: SnapshotError | None = None
+        try:
+            snap = load(service.parts_to_read)
+        except SnapshotError as exc:
+            error = exc
+        if collective is not None:
+            errors = collective.all_gather(None if error is None else f"{type(error).__name__}: {error}",
+                                           "reading the snapshot")
+            failed = [f"rank {rank}: {message}" for rank, message in enumerate(errors) if message]
+            if failed and error is None:
+                raise RankError("the snapshot could not be read on every rank, so no rank restores it (nothing "
+                                "changed): " + "; ".join(failed))
+        if error is not None:
+            raise error
+        return snap
 
     def restore(self, snap: Snapshot, strategy: RestoreStrategy) -> None:
         """Position the loader where ``snap`` was saved, after checking that it can be."""

@@ -6,7 +6,8 @@ Who writes a state dict decides what each rank's holds (the form is :mod:`snapsh
   rank 0's the index too, under keys DCP writes once each. Nothing but the index's small records (the
   parts' manifests and digests) travels, to rank 0. DCP asks a loader for its state dict to save it,
   and, before a load, for the keys to read: then no state is captured, and the keys are the index and
-  this rank's part (:func:`load_keys` names the parts another layout needs).
+  this rank's part, which is what a restore on the same layout reads (:func:`load_keys` names the parts
+  that the re-shard plan of any layout reads).
 - Any other caller (Lightning and accelerate write rank 0's state; so does a ``torch.save`` on rank 0):
   rank 0's state dict holds every part and the index, the other ranks' their own part only.
 
@@ -70,7 +71,7 @@ def ranks_state_dict(collective: Any, capture: Callable[[], LoaderState], *, wri
     except Exception as exc:  # noqa: BLE001 - every rank is told, then this rank raises it as the cause
         failure = exc
     # one small collective tells every rank whether any failed, so that none waits on the others
-    if collective.all_reduce_max(int(failure is not None), "taking the loader's state"):
+    if not collective.all_reduce_min(int(failure is None), "taking the loader's state"):
         error = f"{type(failure).__name__}: {failure}" if failure is not None else None
         errors = collective.all_gather(error, "taking the loader's state")
         raise RankError("the loader's state dict was not taken: " + "; ".join(
@@ -94,19 +95,19 @@ def encode_part(source: LoaderState, save: str) -> tuple[schema.Manifest, bytes]
 
 
 def load_template(collective: Any) -> dict[str, Any]:
-    """What DCP is to read for this rank, asked before a load: the index, and the parts of a save on as many
-    ranks as this run has. :func:`load_keys` names the parts of any other layout
+    """What DCP is to read for this rank, asked before a load: the index, and this rank's part, all a restore
+    on the layout of the save reads. :func:`load_keys` names the parts of any layout
     (``snapshot.integrations.dcp.load``)."""
     return {format.STATE_DICT_MARKER: format.FORMAT_VERSION, "manifest": "",
-            _parts.PARTS: {schema.part_name(rank): b"" for rank in range(collective.world)}}
+            _parts.PARTS: {schema.part_name(collective.rank): b""}}
 
 
-def load_keys(index: dict[str, Any]) -> dict[str, Any]:
-    """The keys of a loader's saved state (besides its index, ``index``: the marker and the manifest) that
-    this rank reads: the parts it needs, or the payload of a single snapshot."""
+def load_keys(service: Any, index: dict[str, Any]) -> dict[str, Any]:
+    """The keys of a loader's saved state (besides its index, ``index``: the marker and the manifest) that a
+    restore onto ``service`` reads: the parts its re-shard plan names, or the payload of a single snapshot."""
     manifest = _dict_form.read_manifest(index, source="the loader's index").info
-    if not manifest.is_index:
+    if not manifest.is_index or manifest.payload is not None:  # one snapshot, or every part joined in the payload
         return {"payload": b""}
-    if manifest.payload is not None:  # an earlier version's state dict: every part joined in the payload
-        return {"payload": b""}
-    return {_parts.PARTS: {entry.file: b"" for entry in manifest.parts}}
+    ranks = service.parts_to_read(manifest)
+    entries = manifest.parts if ranks is None else [manifest.parts[r] for r in sorted(set(ranks))]
+    return {_parts.PARTS: {entry.file: b"" for entry in entries}}

@@ -31,7 +31,9 @@ def restore(loader: Any, src: Any, *, strategy: RestoreStrategy | str = "auto",
     """Put ``loader`` (a :class:`~snapshot.DataLoader2`) at the position saved in ``src``.
 
     ``src`` is a path, a binary file, bytes, a :class:`Snapshot` or a state dict. Returns the
-    snapshot that was applied. The state is decoded as data: a snapshot that needs unpickling
+    snapshot that was applied. On one rank of many, only the parts of a distributed snapshot that the
+    rank's re-shard plan names are read, and a rank that cannot read its parts makes every rank
+    raise. The state is decoded as data: a snapshot that needs unpickling
     (format 1, or values that are not data) is refused unless it is signed with ``key`` or
     ``allow_pickle=True`` (see :func:`snapshot.load`).
     """
@@ -40,6 +42,7 @@ def restore(loader: Any, src: Any, *, strategy: RestoreStrategy | str = "auto",
         raise TypeError(f"snapshot.restore() puts a snapshot.DataLoader2 at a saved position; got a "
                         f"{type(loader).__name__} as the loader")
     strategy = RestoreStrategy.parse(strategy)
-    snap = src if isinstance(src, Snapshot) else load(src, key=key, allow_pickle=allow_pickle)
+    snap = src if isinstance(src, Snapshot) else restorer.read(
+        lambda parts: load(src, key=key, allow_pickle=allow_pickle, parts=parts))
     restorer.restore(snap, strategy)
     return snap

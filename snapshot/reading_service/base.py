@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from snapshot import schema
@@ -112,3 +112,9 @@ class ReadingServiceInterface(ABC):
     def validate(self, state: ServiceCheckpoint | schema.ServiceState) -> list[str]:
         """Problems that would stop :meth:`restore` (checked before anything changes)."""
         return []
+
+    def parts_to_read(self, index: schema.Manifest) -> Sequence[int] | None:
+        """The ranks whose parts a restore onto this service reads from a distributed snapshot whose
+        index (the directory's manifest) is ``index``; ``None``: all of them. A service that runs on
+        several ranks names only those its rank needs (see :mod:`snapshot.reading_service.reshard`)."""
+        return None

@@ -7,16 +7,19 @@ so each rank's stream is its deterministic share of the one stream the seed defi
 seeds are shared at every epoch.
 
 Snapshots are collective: ``save_snapshot(directory)`` has every rank write its part and rank 0
-the manifest, and the directory appears atomically; ``state_dict()`` gathers every rank's part
-(so ``torch.distributed.checkpoint`` keeps one copy). A snapshot from R ranks x W workers restores
-onto R' x W' whenever the saved logical shards allow it, each logical shard continuing exactly
-where it stopped, so nothing is lost or repeated over the rest of the epoch.
+the index, and the directory appears atomically. A snapshot from R ranks x W workers restores onto
+R' x W' as the re-shard plan says (:mod:`snapshot.reading_service.reshard`: the same on every rank,
+from the index alone): each rank runs its units, continuing the saved ones exactly where they
+stopped, and reads only the parts that hold them, so nothing is lost or repeated over the rest of
+the epoch and the cost of a rank's restore does not grow with the number of ranks.
 
-Ranks end every epoch together by default (``even_batches="drop"``, torchdata 0.9's behaviour):
-a rank's share can be one sample longer than another's (or more, after a ``filter``), and a
-collective after the loop (a DDP step, a barrier) would otherwise wait for a rank that is still
-reading. The policies are in :data:`EVEN_BATCHES`; the one in force is recorded in the
-snapshot's layout, and what ``"pad"`` repeats is saved with each rank's part.
+Ranks end every epoch together by default (``even_batches="drop"``): shares can differ (by a
+sample, by whole files when the sharding point deals files, after a ``filter`` or a restore onto
+another number of ranks), and a collective after the loop (a DDP step, a barrier) would otherwise
+wait for a rank that is still reading. When a rank runs out, the ranks share what is left (see
+:mod:`snapshot.reading_service._ranks.even`), so fewer than R samples are dropped (or, with
+``"pad"``, repeated) in an epoch.
+The policy in force is recorded in the snapshot's layout.
 
 Every collective runs on a gloo group created with ``timeout``; a rank that dies or hangs turns
 into a :class:`~snapshot.RankError` on the others within that time.
@@ -29,22 +32,31 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
+from snapshot import schema
 from snapshot.engine.graph import Graph
 from snapshot.engine.plan import RestoreStrategy
 from snapshot.engine.randomness import SeedGenerator
 from snapshot.engine.sharding import analyze
 from snapshot.errors import RankError, ShardingError
-from snapshot.reading_service._even import FIRST, EvenBatches, First, deal, saved_first, saved_last
-from snapshot.reading_service._sharded import ShardedService, resolve_logical_shards
-from snapshot.reading_service._split import epoch_units, restore_units
-from snapshot.reading_service._uneven import check_even_rest, sharding_lengths
-from snapshot.reading_service._worker_reset import same_layout_problems
+from snapshot.reading_service._ranks.collective import Collective
+from snapshot.reading_service._ranks.even import (
+    FIRST,
+    EvenBatches,
+    First,
+    deal,
+    handout,
+    saved_first,
+    saved_last,
+    saved_sharing,
+)
+from snapshot.reading_service._shards.service import ShardedService, resolve_logical_shards
+from snapshot.reading_service._workers.reset import same_layout_problems
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint, as_record
 from snapshot.reading_service.in_process import InProcessReadingService
-from snapshot.schema import ServiceState
+from snapshot.reading_service.reshard import ReshardPlan, SavedLayout, epoch_units, plan_restore
+from snapshot.schema import HANDOUT, ServiceState
 
 __all__ = ["Collective", "DistributedReadingService"]
 
@@ -55,68 +67,22 @@ EVEN_BATCHES = ("drop", "pad", None)
 _log = logging.getLogger(__name__)
 
 
-class Collective:
-    """The loader's collective operations on its own gloo group, with a timeout."""
-
-    def __init__(self, group: Any, rank: int, world: int, timeout: float):
-        self.group = group
-        self.rank = rank
-        self.world = world
-        self.timeout = timeout
-
-    def _run(self, what: str, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except (RuntimeError, dist.DistBackendError) as exc:
-            raise RankError(
-                f"rank {self.rank} of {self.world}: {what} failed: another rank died, hung for more than "
-                f"{self.timeout:g} s, or left the group ({type(exc).__name__}: {str(exc).splitlines()[0]}). "
-                "Stop every rank and restore from the last complete snapshot."
-            ) from exc
-
-    def all_gather(self, value: Any, what: str) -> list[Any]:
-        out: list[Any] = [None] * self.world
-        self._run(what, lambda: dist.all_gather_object(out, value, group=self.group))
-        return out
-
-    def gather(self, value: Any, what: str) -> list[Any] | None:
-        """Every rank's ``value`` on rank 0, in rank order; ``None`` on the other ranks."""
-        out: list[Any] | None = [None] * self.world if self.rank == 0 else None
-        self._run(what, lambda: dist.gather_object(value, out, dst=0, group=self.group))
-        return out
-
-    def broadcast(self, value: Any, what: str) -> Any:
-        box = [value if self.rank == 0 else None]
-        self._run(what, lambda: dist.broadcast_object_list(box, src=0, group=self.group))
-        return box[0]
-
-    def all_reduce_min(self, value: int, what: str) -> int:
-        tensor = torch.tensor([value], dtype=torch.int64)
-        self._run(what, lambda: dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=self.group))
-        return int(tensor.item())
-
-    def all_reduce_max(self, value: int, what: str) -> int:
-        tensor = torch.tensor([value], dtype=torch.int64)
-        self._run(what, lambda: dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group))
-        return int(tensor.item())
-
-    def barrier(self, what: str) -> None:
-        self.all_gather(None, what)
-
-
 class DistributedReadingService(ReadingServiceInterface):
     """Share the logical shards among the ranks of the default process group.
 
     Args:
         timeout: seconds any collective of the loader may take (gloo group timeout).
         logical_shards: L (default: ranks x workers per rank). Fixed by the first run.
-        even_batches: ``"drop"`` (default, as torchdata 0.9: every rank stops as soon as one
-            runs out, dropping the others' remainders), ``"pad"`` (ranks that run out repeat
-            their last sample until all are done) or ``None`` (each rank yields its whole
-            share, and ranks may end the epoch after different numbers of samples). With
-            ``"drop"`` and ``"pad"`` every rank yields the same number of samples, so a
-            collective in the training step or after the loop does not hang; each costs one
-            tiny all-reduce per sample.
+        even_batches: ``"drop"`` (default: every rank yields as many samples; when one runs out, the
+            ranks share what is left, sending samples from the ranks that have more to those that
+            have none, and fewer than R samples of the epoch are dropped), ``"pad"`` (the same,
+            and ranks left without a sample at the very end repeat their last one: fewer than R
+            repeats) or ``None`` (each rank yields its whole share, and ranks may end the epoch
+            after different numbers of samples: not with DDP's per-step collectives, unless
+            the loop runs under ``torch.distributed.algorithms.Join``). Where the shares are equal, ``"drop"`` yields
+            torchdata 0.9's stream; where they are not, 0.9 dropped every rank's rest when the
+            first ran out. Each costs one tiny all-reduce per sample, and once a rank has run out
+            an all-gather of two numbers per sample and the samples sent.
         executor: runs this rank's shards (default :class:`InProcessReadingService`);
             ``SequentialReadingService(DistributedReadingService(), MultiProcessingReadingService(n))``
             sets it.
@@ -140,14 +106,15 @@ class DistributedReadingService(ReadingServiceInterface):
         self._collective: Collective | None = None
         self._even: EvenBatches | None = None  # the current epoch's (with a policy)
         self._resume_last: list[Any] | None = None  # what "pad" repeats, from a restored snapshot
+        self._resume_sharing: tuple[bool, list[Any]] = (False, [])  # the ranks were sharing (see _even)
         self._first: list[Any] = []  # what this rank hands out before the restored stream
         self._stream: Iterator[Any] | None = None  # this epoch's local stream
         self._pending_first: list[list[Any]] = []  # given by hand_out_first() for the next restore
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_collective=None, _even=None, _resume_last=None, _first=[], _pending_first=[],
-                     _stream=None)
+        state.update(_collective=None, _even=None, _resume_last=None, _resume_sharing=(False, []), _first=[],
+                     _pending_first=[], _stream=None)
         return state
 
     @property
@@ -182,7 +149,7 @@ class DistributedReadingService(ReadingServiceInterface):
 
     def initialize(self, datapipe: Any) -> Iterator[Any] | _Output:
         collective = self._connect()
-        datapipe = self.executor._prepare(datapipe)
+        datapipe = self.executor.prepare(datapipe)
         graph = Graph(datapipe)
         topology = analyze(graph)
         mine = {"fingerprint": graph.fingerprint, "workers": self.executor.workers,
@@ -211,11 +178,10 @@ class DistributedReadingService(ReadingServiceInterface):
         if any(state != states[0] for state in states):
             seed_generator.set_state(states[0])  # rank 0's seeds drive every rank
         self._even, self._resume_last, self._first, self._stream = None, None, [], None
-        executor = self.executor
-        units = epoch_units(executor._count, collective.world)
-        if executor._graph is not None and executor._units != units:  # the epoch after a split restore
-            executor.configure(executor._graph.sink, executor._count, self.owned(units), units)
-        return executor.initialize_iteration(seed_generator, iter_reset_fn)
+        self._resume_sharing = (False, [])
+        units = epoch_units(self.executor.logical_shard_count, collective.world)
+        self.executor.run_units(units, self.owned(units))  # the epoch after a split restore: whole again
+        return self.executor.initialize_iteration(seed_generator, iter_reset_fn)
 
     def finalize_iteration(self) -> None:
         self.executor.finalize_iteration()
@@ -237,56 +203,53 @@ class DistributedReadingService(ReadingServiceInterface):
             return {}
         collective = self._connect()
         state.service = type(self).__name__
-        state.layout = {**state.layout, "ranks": collective.world, "rank": collective.rank,
-                        "even_batches": self.even_batches}
         record = self._even.state() if self._even is not None else EvenBatches.initial()
         record[FIRST] = list(self._stream.items) if isinstance(self._stream, First) else list(self._first)
         state.even_batches = record
+        state.layout = {**state.layout, "ranks": collective.world, "rank": collective.rank,
+                        "even_batches": self.even_batches, HANDOUT: handout(record).to_dict()}
         return state.to_dict()
+
+    def plan(self, state: ServiceCheckpoint | ServiceState) -> ReshardPlan:
+        """The re-shard plan of a restore of ``state`` onto this job's ranks (the same on every rank)."""
+        return plan_restore(SavedLayout.from_state(as_record(state)), self._connect().world, self.executor.workers)
+
+    def parts_to_read(self, index: schema.Manifest) -> list[int] | None:
+        saved = SavedLayout.from_manifest(index)
+        if saved is None:
+            return None
+        collective = self._connect()
+        return list(plan_restore(saved, collective.world, self.executor.workers).rank(collective.rank).reads)
 
     def validate(self, state: ServiceCheckpoint | ServiceState) -> list[str]:
         state = as_record(state)
-        problems = self.executor.validate(state)
+        problems = self.executor.validate(state, self.plan(state))
         world = self._connect().world
-        problems += [p for p in same_layout_problems(state, self.executor._reset_layout(), ranks=world)
+        problems += [p for p in same_layout_problems(state, self.executor.reset_layout(), ranks=world)
                      if p not in problems]  # a worker_reset_fn's snapshot restores on its own ranks only
-        saved = state.units
-        mine = restore_units(saved, world) // world
-        workers = self.executor.workers
-        if workers > mine:
-            problems.append(f"on {world} ranks each rank runs {mine} logical shard(s) (or sub-shards) of this "
-                            f"snapshot, which cannot keep {workers} workers per rank busy; use at most {mine}")
         return problems
 
     def restore(self, datapipe: Any, state: ServiceCheckpoint | ServiceState | None, *,
                 strategy: Any = RestoreStrategy.AUTO) -> _Output:
         state = as_record(state) if state else None
         if state is None:
-            if self.executor._executor is None:
+            if not self.executor.configured:
                 self.initialize(datapipe)
             return _Output(self)
         collective = self._connect()
-        saved = state.units
-        units = restore_units(saved, collective.world)
-        saved_ranks = state.world
-        if saved_ranks != collective.world:
-            _log.info("re-sharding: %d unit(s) saved on %d rank(s) now run as %d on %d; rank %d owns %s",
-                      saved, saved_ranks, units, collective.world, collective.rank, self.owned(units))
-        if self.executor._executor is None:
-            datapipe = self.executor._prepare(datapipe)
-        first = saved_first(state, collective.rank, collective.world)
+        plan = self.plan(state)
+        mine = plan.rank(collective.rank)
+        if state.world != collective.world:
+            _log.info("re-sharding: %d unit(s) saved on %d rank(s) now run as %d on %d; rank %d runs %s, reads "
+                      "the parts of ranks %s", state.units, state.world, plan.units, collective.world,
+                      collective.rank, list(mine.units), list(mine.reads))
+        first = saved_first(state, mine.first, same_ranks=state.world == collective.world)
         if self._pending_first:
             first += deal(self._pending_first, collective.rank, collective.world)
-        ahead = collective.all_gather(len(first), "agreeing on the samples handed out before the stream") \
-            if saved_ranks != collective.world else [len(first)] * collective.world
-        if self.even_batches is not None and saved_ranks != collective.world:
-            graph = self.executor._graph or Graph(datapipe)
-            check_even_rest(state, units, collective.world, ahead, self.even_batches,
-                            sharding_lengths(graph, analyze(graph)))  # refused: nothing changed
         self._pending_first = []
-        self.executor.restore(datapipe, state, strategy=strategy, shards=self.owned(units), units=units,
-                              ranks=collective.world, ahead=ahead)
+        self.executor.restore(datapipe, state, strategy=strategy, plan=plan, rank=collective.rank)
         self._even, self._resume_last, self._first = None, saved_last(state, collective.rank), first
+        self._resume_sharing = saved_sharing(state, collective.rank, collective.world)
         return _Output(self)
 
     def progress(self) -> tuple[int, bool]:
@@ -299,8 +262,10 @@ class DistributedReadingService(ReadingServiceInterface):
         self._stream = local
         if self.even_batches is None:
             return local
-        self._even = EvenBatches(local, self._connect(), self.even_batches, self._resume_last)
-        self._resume_last = None
+        sharing, spare = self._resume_sharing
+        self._even = EvenBatches(local, self._connect(), self.even_batches, self._resume_last, sharing=sharing,
+                                 spare=spare)
+        self._resume_last, self._resume_sharing = None, (False, [])
         return self._even
 
 

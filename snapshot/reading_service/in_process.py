@@ -11,7 +11,7 @@ from snapshot.engine.graph import Graph
 from snapshot.engine.randomness import SeedGenerator
 from snapshot.engine.sharding import Topology, WorkerInfo
 from snapshot.reading_service._rng import GlobalRNG
-from snapshot.reading_service._sharded import Executor, LocalExecutor, ShardedService, resolve_logical_shards
+from snapshot.reading_service._shards.service import Executor, LocalExecutor, ShardedService, resolve_logical_shards
 
 __all__ = ["InProcessReadingService", "resolve_logical_shards"]
 
@@ -53,7 +53,7 @@ class InProcessReadingService(ShardedService):
     def _default_shards(self) -> int:
         return 1
 
-    def _prepare(self, datapipe: Any) -> Any:
+    def prepare(self, datapipe: Any) -> Any:
         if self.init_fn is not None:
             datapipe = self.init_fn(datapipe, WorkerInfo(1, 0))
         return datapipe

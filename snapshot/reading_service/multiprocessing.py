@@ -6,7 +6,7 @@ point plus one copy of the part below it per owned shard. The main process takes
 the shards in a fixed round-robin order, so for a fixed seed and L the stream is the same
 in-process and with any number of workers up to L. The part above a
 ``sharding_round_robin_dispatch`` is not copied: it runs once, in the main process, which
-deals its samples to the workers' shards (see :mod:`._dispatch`).
+deals its samples to the workers' shards (see :mod:`snapshot.reading_service._shards.dispatch`).
 
 A snapshot is exact while workers run ahead: each worker reports its state between two
 samples (it is paused only for that), and the samples it had produced that the loader has
@@ -29,13 +29,11 @@ from snapshot.container import _serialization
 from snapshot.engine.graph import Graph
 from snapshot.engine.sharding import Topology, WorkerInfo, analyze
 from snapshot.errors import LayoutError
-from snapshot.reading_service._dispatch import Dispatcher
-from snapshot.reading_service._pool import WorkerPool
 from snapshot.reading_service._rng import GlobalRNG
-from snapshot.reading_service._sharded import Executor, LocalExecutor, ShardedService
-from snapshot.reading_service._worker_reset import RESET_FN, callable_name
-from snapshot.reading_service.base import ServiceCheckpoint, as_record
-from snapshot.schema import ServiceState
+from snapshot.reading_service._shards.dispatch import Dispatcher
+from snapshot.reading_service._shards.service import Executor, LocalExecutor, ShardedService
+from snapshot.reading_service._workers.pool import WorkerPool
+from snapshot.reading_service._workers.reset import RESET_FN, callable_name
 
 __all__ = ["MultiProcessingReadingService"]
 
@@ -168,21 +166,10 @@ class MultiProcessingReadingService(ShardedService):
         assignment = {str(s): i % max(self._running, 1) for i, s in enumerate(self._owned)}
         layout = {"logical_shards": self._count, "workers": self._running, "ranks": 1, "owners": assignment}
         if self.worker_reset_fn is not None and self._running:
-            layout[RESET_FN] = self._reset_layout()
+            layout[RESET_FN] = self.reset_layout()
         return layout
 
-    def validate(self, state: ServiceCheckpoint | ServiceState) -> list[str]:
-        problems = super().validate(state)
-        saved = as_record(state).units
-        if self.num_workers > saved:
-            problems.append(f"the snapshot has {saved} logical shard(s), which cannot keep {self.num_workers} "
-                            f"workers busy: each logical shard runs in one worker, so a restore runs at most "
-                            f"{saved} workers (W' <= L; L was fixed by the stream's first run, by default to its "
-                            f"num_workers); use num_workers <= {saved}. To add workers later, start a stream with "
-                            f"logical_shards= above its num_workers (for example 8)")
-        return problems
-
-    def _reset_layout(self) -> dict[str, Any] | None:
+    def reset_layout(self) -> dict[str, Any] | None:
         """The ``worker_reset_fn`` a restore would call, and in how many workers."""
         if self.worker_reset_fn is None or self.num_workers == 0:
             return None

@@ -9,12 +9,12 @@ is. Other combinations are refused with a message that says which ones work.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from snapshot.engine.plan import RestoreStrategy
 from snapshot.engine.randomness import SeedGenerator
-from snapshot.reading_service._sharded import ShardedService
+from snapshot.reading_service._shards.service import ShardedService
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint
 from snapshot.reading_service.distributed import DistributedReadingService
 
@@ -71,6 +71,9 @@ class SequentialReadingService(ReadingServiceInterface):
 
     def validate(self, state: Any) -> list[str]:
         return self.inner.validate(state)
+
+    def parts_to_read(self, index: Any) -> Sequence[int] | None:
+        return self.inner.parts_to_read(index)
 
     def restore(self, datapipe: Any, state: Any, *,
                 strategy: Any = RestoreStrategy.AUTO) -> Iterable[Any]:

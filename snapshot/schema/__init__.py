@@ -29,7 +29,7 @@ round-trips.
     ├── verify: VerifyRecord | None   fingerprints of the samples after the snapshot
     ├── payload: PayloadRecord | None size, sha256, size of each part; format 2: encoding, sections
     │   └── pickled: [PickledValue]   values that are not data: where, type, size (restoring needs trust)
-    ├── ranks: [RankPosition]         directory index only: each rank's LoaderPosition
+    ├── ranks: [RankPosition]         directory index only: each rank's LoaderPosition, Handout
     └── parts: [PartRecord]           directory index only: each rank's file, size, sha256
 
     SavedState                        the loader's state inside the payload (schema.saved)
@@ -57,7 +57,17 @@ The package imports neither torch nor dill: the command line uses it to inspect 
 """
 
 from snapshot.schema._fields import FORMAT_VERSION, check_format
-from snapshot.schema.layout import GraphDesc, LoaderPosition, NodeDesc, Owner, Randomness, RankPosition, ServiceLayout
+from snapshot.schema.layout import (
+    HANDOUT,
+    GraphDesc,
+    Handout,
+    LoaderPosition,
+    NodeDesc,
+    Owner,
+    Randomness,
+    RankPosition,
+    ServiceLayout,
+)
 from snapshot.schema.manifest import Manifest, PartRecord, PayloadRecord, PickledValue, part_name
 from snapshot.schema.positions import (
     Driver,
@@ -76,6 +86,8 @@ __all__ = [
     "Driver",
     "FORMAT_VERSION",
     "GraphDesc",
+    "HANDOUT",
+    "Handout",
     "LoaderPosition",
     "Manifest",
     "NodeDesc",

@@ -130,20 +130,51 @@ class LoaderPosition:
 
 
 @dataclass(frozen=True)
+class Handout:
+    """What a rank hands out besides its shards' streams, counted (the values are in its part): samples
+    to yield before its restored stream (``first``), samples it had read to share with ranks that ran
+    out (``spare``), whether the ranks were sharing the rest of the epoch, and whether the equalizing
+    policy had ended it (``reading_service._ranks.even``)."""
+
+    first: int = 0
+    spare: int = 0
+    sharing: bool = False
+    ended: bool = False
+
+    @classmethod
+    def from_dict(cls, value: Any, where: str = "handout") -> Handout:
+        f = _Fields(value, where)
+        return cls(first=f.get("first", _int, 0), spare=f.get("spare", _int, 0),
+                   sharing=f.get("sharing", _bool, False), ended=f.get("ended", _bool, False))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"first": self.first, "spare": self.spare, "sharing": self.sharing, "ended": self.ended}
+
+
+#: The layout key of a rank's :class:`Handout` (in a part's ``service``; the index moves it to ``ranks``).
+HANDOUT = "handout"
+
+
+@dataclass(frozen=True)
 class RankPosition:
-    """One rank's loader position, in a distributed snapshot's manifest."""
+    """One rank's loader position, in a distributed snapshot's manifest, and what it hands out."""
 
     rank: int
     position: LoaderPosition
+    handout: Handout | None = None
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "rank") -> RankPosition:
         rank = _int(_object(value, where).get("rank"), _key(where, "rank"))
-        fields = {key: item for key, item in value.items() if key != "rank"}
-        return cls(rank, LoaderPosition.from_dict(fields, where))
+        fields = {key: item for key, item in value.items() if key not in ("rank", HANDOUT)}
+        handout = Handout.from_dict(value[HANDOUT], _key(where, HANDOUT)) if value.get(HANDOUT) is not None else None
+        return cls(rank, LoaderPosition.from_dict(fields, where), handout)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, **self.position.to_dict()}
+        out = {"rank": self.rank, **self.position.to_dict()}
+        if self.handout is not None:
+            out[HANDOUT] = self.handout.to_dict()
+        return out
 
 
 @dataclass(frozen=True)

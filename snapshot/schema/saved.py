@@ -20,7 +20,7 @@ from snapshot.schema._fields import (
     _seed,
     _str,
 )
-from snapshot.schema.layout import LoaderPosition, ServiceLayout
+from snapshot.schema.layout import Handout, LoaderPosition, ServiceLayout
 from snapshot.schema.state import NodeState, SeedsState, ShardState, TailState, UpstreamState, _any, _items
 
 __all__ = ["RankServiceState", "RankState", "SavedState", "ServiceState", "map_node_states"]
@@ -33,19 +33,28 @@ class RankServiceState:
     VERSION: ClassVar[int] = 1
 
     rank: int
-    #: That rank's merge position (``reading_service._merge.RoundRobin.state()``).
+    #: That rank's merge position (``reading_service._shards.merge.RoundRobin.state()``; ``None``: not read).
     merge: Any = None
-    #: That rank's ``even_batches`` record (``reading_service._even``).
+    #: That rank's ``even_batches`` record (``reading_service._ranks.even``; ``None``: its part was not read).
     even_batches: Any = None
+    #: What it hands out besides its stream, counted (from the index: known for every rank).
+    handout: Handout | None = None
+    #: Its loader had ended the saved epoch (from the index).
+    epoch_finished: bool = False
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "rank") -> RankServiceState:
         f = _Fields(value, where)
         return cls(rank=f.required("rank", _int), merge=f.get("merge", _any, None),
-                   even_batches=f.get("even_batches", _any, None))
+                   even_batches=f.get("even_batches", _any, None), handout=f.get("handout", Handout.from_dict, None),
+                   epoch_finished=f.get("epoch_finished", _bool, False))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "merge": self.merge, "even_batches": self.even_batches}
+        out = {"rank": self.rank, "merge": self.merge, "even_batches": self.even_batches,
+               "epoch_finished": self.epoch_finished}
+        if self.handout is not None:
+            out["handout"] = self.handout.to_dict()
+        return out
 
 
 def _shards(value: Any, where: str) -> list[ShardState | None]:
@@ -69,11 +78,11 @@ class ServiceState:
     shards: list[ShardState | None]
     upstream: list[UpstreamState] = field(default_factory=list)
     seeds: SeedsState | None = None
-    #: Where the round robin over the shards stands (``reading_service._merge.RoundRobin.state()``).
+    #: Where the round robin over the shards stands (``reading_service._shards.merge.RoundRobin.state()``).
     merge: Any = None
-    #: ``DistributedReadingService``'s even-batches record (``reading_service._even``).
+    #: ``DistributedReadingService``'s even-batches record (``reading_service._ranks.even``).
     even_batches: Any = None
-    #: The part below a non-replicable pipe (``reading_service._tail.Tail.capture()``).
+    #: The part below a non-replicable pipe (``reading_service._shards.tail.Tail.capture()``).
     tail: TailState | None = None
     ranks: list[RankServiceState] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)

@@ -154,7 +154,7 @@ def _driver(value: Any, where: str) -> tuple[str, int]:
 class ShardState:
     """One logical shard (or sub-shard) of a sharded service: its run and what the loader took of it.
 
-    Written by ``reading_service._engine`` (the run) and completed by ``reading_service._merge``
+    Written by ``reading_service._shards.engine`` (the run) and completed by ``reading_service._shards.merge``
     (``shard``, ``yielded``, ``in_flight``, ``finished``).
     """
 
@@ -217,7 +217,7 @@ class ShardState:
 
 @dataclass
 class RouterState:
-    """A sharding point in one upstream copy (``reading_service._routing.Router.state()``)."""
+    """A sharding point in one upstream copy (``reading_service._shards.routing.Router.state()``)."""
 
     VERSION: ClassVar[int] = 1
 
@@ -289,7 +289,7 @@ class UpstreamState:
 
 @dataclass
 class TailState:
-    """The part below a non-replicable pipe, run once over the merged stream (``reading_service._tail``)."""
+    """The part below a non-replicable pipe, run once over the merged stream (``reading_service._shards.tail``)."""
 
     VERSION: ClassVar[int] = 1
 

@@ -21,7 +21,7 @@ from snapshot.container.capture import LoaderState, Snapshot
 from snapshot.errors import ManifestError, SnapshotFileError
 from snapshot.storage import _atomic, _object_directory, _sources, _stream, multipart
 
-__all__ = ["load", "merge_parts", "save", "write"]
+__all__ = ["is_directory", "load", "merge_parts", "save", "write"]
 
 _log = logging.getLogger(__name__)
 
@@ -70,23 +70,35 @@ def write(source: LoaderState, dest: str | os.PathLike[str], *, key: bytes | str
 
 
 def merge_parts(manifest: dict[str, Any], parts: list[Snapshot]) -> Snapshot:
-    """One snapshot from the ranks' parts: every logical shard, every rank's position."""
-    parts = sorted(parts, key=lambda p: p.saved.service.rank if p.saved.service is not None else 0)
+    """One snapshot from the ranks' parts: the logical shards, upstream copies and samples of the parts
+    read (every rank's, or those a rank's re-shard plan names), and every rank's position, handout and
+    owners from the index (``manifest``), whatever parts were read."""
+    index = schema.Manifest.from_dict(manifest)
+    by_rank = {p.saved.service.rank if p.saved.service is not None else 0: p for p in parts}
+    parts = [by_rank[r] for r in sorted(by_rank)]
     first = parts[0]
     saved = first.saved
-    ranks = [schema.RankState(i, p.saved.position.yielded, p.saved.position.epoch_finished, list(p.saved.lookahead))
-             for i, p in enumerate(parts)]
-    services = [p.saved.service for p in parts if p.saved.service is not None]
+    ranks = [schema.RankState(r.rank, r.position.yielded, r.position.epoch_finished,
+                              list(by_rank[r.rank].saved.lookahead) if r.rank in by_rank else
+                              [None] * r.position.lookahead)  # another rank's: counted, not read
+             for r in index.ranks]
     service = saved.service
     if service is not None:
+        read = {rank: p.saved.service for rank, p in by_rank.items() if p.saved.service is not None}
         shards: list[schema.ShardState | None] = [None] * service.units
-        for each in services:
-            for index, record in enumerate(each.shards):
+        for each in read.values():
+            for i, record in enumerate(each.shards):
                 if record is not None:
-                    shards[index] = record
+                    shards[i] = record
+        layout = {k: v for k, v in service.layout.items() if k != schema.HANDOUT}  # per rank: in ranks[i]
+        layout["owners"] = {k: o.to_dict() for k, o in index.service.owners.items()}  # every rank's units
         service = dataclasses.replace(
-            service, merge=None, shards=shards, upstream=[u for each in services for u in each.upstream],
-            ranks=[schema.RankServiceState(i, each.merge, each.even_batches) for i, each in enumerate(services)])
+            service, layout=layout, merge=None, shards=shards,
+            upstream=[u for rank in sorted(read) for u in read[rank].upstream],
+            ranks=[schema.RankServiceState(r.rank, getattr(read.get(r.rank), "merge", None),
+                                           getattr(read.get(r.rank), "even_batches", None), r.handout,
+                                           r.position.epoch_finished)
+                   for r in index.ranks])
     saved = dataclasses.replace(saved, service=service, ranks=ranks)
     snap = Snapshot(manifest, saved.to_dict(), first.graph, first.service, b"", parts=parts)
     snap.__dict__["saved"] = saved  # see Snapshot.saved
@@ -107,7 +119,13 @@ _LOADABLE = ("a path (str or os.PathLike) to a snapshot file or a distributed sn
              "file object, bytes, a state dict or a Snapshot")
 
 
-def load(src: Any, *, key: bytes | str | None = None, allow_pickle: bool = False) -> Snapshot:
+def is_directory(src: Any) -> bool:
+    """Whether ``src`` is a distributed snapshot's directory (on disk or in an object store)."""
+    return multipart.is_directory_snapshot(src) or _object_directory.is_directory(src)
+
+
+def load(src: Any, *, key: bytes | str | None = None, allow_pickle: bool = False,
+         parts: multipart.Select | None = None) -> Snapshot:
     """Read and verify a snapshot (path, directory, binary file, bytes or state dict); then decode it.
 
     With ``key`` (or ``$SNAPSHOT_KEY``) an unsigned or tampered file is refused before
@@ -116,8 +134,9 @@ def load(src: Any, *, key: bytes | str | None = None, allow_pickle: bool = False
     file (one pickle), is refused with an :class:`~snapshot.errors.UntrustedStateError` unless
     it is signed with ``key`` or ``allow_pickle=True`` says that you trust it. The graph and the
     reading service stay pickled bytes (``from_snapshot`` unpickles them). A distributed
-    snapshot (a directory, or a state dict of parts) loads as one snapshot of all ranks.
-    Anything else is a :class:`TypeError`.
+    snapshot (a directory, or a state dict of parts) loads as one snapshot of all ranks; given
+    ``parts`` (the ranks whose parts to read, chosen from the index: a rank's re-shard plan), of those
+    ranks' parts and the index only. Anything else is a :class:`TypeError`.
     """
     if isinstance(src, Snapshot):
         return src
@@ -129,14 +148,14 @@ def load(src: Any, *, key: bytes | str | None = None, allow_pickle: bool = False
         raise TypeError(f"snapshot.load() reads {_LOADABLE}; got a {type(src).__name__}")
     in_object_store = _object_directory.is_directory(src)
     if in_object_store or multipart.is_directory_snapshot(src):
-        index, containers = (_object_directory.read_parts(str(src), key=key) if in_object_store
-                             else multipart.read_parts(src, key=key))
+        index, containers = (_object_directory.read_parts(str(src), key=key, select=parts) if in_object_store
+                             else multipart.read_parts(src, key=key, select=parts))
         return merge_parts(index.manifest, [_decode(c, str(src), trusted) for c in containers])
     if isinstance(src, Mapping):
         source = "<state_dict>"
-        container, parts = _parts.read_state_dict(src, key=key, source=source)
-        if parts is not None:
-            return merge_parts(container.manifest, [_decode(part, source, trusted) for part in parts])
+        container, chosen = _parts.read_state_dict(src, key=key, source=source, select=parts)
+        if chosen is not None:
+            return merge_parts(container.manifest, [_decode(part, source, trusted) for part in chosen])
     elif isinstance(src, (bytes, bytearray, memoryview)):
         container = format.unpack(bytes(src), source="<bytes>", key=key)
         source = "<bytes>"

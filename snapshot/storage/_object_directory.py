@@ -27,7 +27,7 @@ from snapshot.container.capture import LoaderState, Snapshot
 from snapshot.errors import CorruptSnapshotError, RankError, SnapshotError, SnapshotFileError
 from snapshot.storage import _fsspec, _sources, _stream, multipart
 
-__all__ = ["PREFIX", "is_directory", "read_parts", "save_directory"]
+__all__ = ["PREFIX", "is_directory", "read_index", "read_parts", "save_directory"]
 
 #: The index's key naming the prefix its parts live under.
 PREFIX = "parts_prefix"
@@ -43,27 +43,35 @@ def is_directory(url: Any) -> bool:
     return _fsspec.is_url(url) and _fsspec.exists(_index(str(url)))
 
 
-def read_parts(url: str, *, key: bytes | str | None = None) -> tuple[format.Container, list[format.Container]]:
-    """The index and every rank's part, each verified against the index (the shape of
-    :func:`snapshot.storage.multipart.read_parts`)."""
+def read_index(url: str, *, key: bytes | str | None = None) -> format.Container:
+    """The index of the directory snapshot at ``url``, checked (with the prefix its parts live under)."""
     index = _index(url)
     container = _sources.read_container(index, key=key)
-    manifest = container.manifest
-    prefix = manifest.get(PREFIX)
+    prefix = container.manifest.get(PREFIX)
     if not isinstance(prefix, str) or not _TOKEN.fullmatch(prefix):
         raise CorruptSnapshotError(f"the index names no valid parts prefix ({prefix!r})", source=index)
+    if not container.info.parts:
+        raise CorruptSnapshotError("the index lists no parts", source=index)
+    return container
+
+
+def read_parts(url: str, *, key: bytes | str | None = None,
+               select: multipart.Select | None = None) -> tuple[format.Container, list[format.Container]]:
+    """The index and the parts ``select(index)`` names (default: every rank's), each verified against the index (the
+    shape of :func:`snapshot.storage.multipart.read_parts`): a restore on one rank of many GETs only the
+    parts its re-shard plan names."""
+    container = read_index(url, key=key)
+    prefix = container.manifest[PREFIX]
     parts = []
-    for entry in container.info.parts:  # the schema checked each name: a part file name, never a path
+    for entry in multipart.selected(container, select, source=url):  # names checked: part file names, never paths
         part_url = f"{url.rstrip('/')}/{prefix}/{entry.file}"
         data = _fsspec.read_bytes(part_url)
         if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
-            raise CorruptSnapshotError(f"{entry.file} does not match the digest the index recorded for it",
-                                       source=url)
+            raise CorruptSnapshotError(f"{entry.file} (rank {entry.rank}) does not match the digest the index "
+                                       "recorded for it: use another snapshot", source=url)
         part = format.unpack(data, source=part_url, key=key)
         check_part(container.info, entry, part.info, source=url)
         parts.append(part)
-    if not parts:
-        raise CorruptSnapshotError("the index lists no parts", source=index)
     return container, parts
 
 

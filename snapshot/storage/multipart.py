@@ -40,20 +40,22 @@ from typing import Any
 from snapshot import schema
 from snapshot.container import format
 from snapshot.container._parts import (
+    Select,
     check_part,
     distributed_manifest,
     join_parts,
     part_info,
     parts_state_dict,
+    selected,
     split_parts,
 )
 from snapshot.container.capture import LoaderState, Snapshot
 from snapshot.errors import CorruptSnapshotError, RankError, SnapshotError, SnapshotFileError
 from snapshot.storage import _atomic, _sources, _stream
 
-__all__ = ["MANIFEST", "check_part", "commit", "distributed_manifest", "is_directory_snapshot", "join_parts",
-           "part_info", "part_name", "parts_state_dict", "read_parts", "save_directory", "split_parts", "staging",
-           "write_part"]
+__all__ = ["MANIFEST", "Select", "check_part", "commit", "distributed_manifest", "is_directory_snapshot",
+           "join_parts", "part_info", "part_name", "parts_state_dict", "read_index", "read_parts", "save_directory",
+           "selected", "split_parts", "staging", "write_part"]
 
 MANIFEST = format.DIRECTORY_MANIFEST
 part_name = schema.part_name
@@ -93,13 +95,23 @@ def is_directory_snapshot(src: Any) -> bool:
     return isinstance(src, (str, os.PathLike)) and os.path.isdir(src)
 
 
-def read_parts(src: str, *, key: bytes | str | None = None) -> tuple[format.Container, list[format.Container]]:
-    """The index (the global manifest) and every rank's part, each verified against the index.
+def read_parts(src: str, *, key: bytes | str | None = None,
+               select: Select | None = None) -> tuple[format.Container, list[format.Container]]:
+    """The index (the global manifest) and the parts ``select(index)`` names (default: every rank's), each
+    verified against the index. A restore on one rank of many reads only the parts its re-shard plan names.
 
     Every way a directory can be wrong is a :class:`SnapshotFileError` naming the file: no
     index, an index that is not one (or is malformed: a ``ManifestError``), a part that is
     missing, is a directory, or does not match the digest, size or rank the index records.
     """
+    root = os.fspath(src)
+    index = read_index(root, key=key)
+    parts = [_read_part(root, entry, index, key) for entry in selected(index, select, source=root)]
+    return index, parts
+
+
+def read_index(src: str, *, key: bytes | str | None = None) -> format.Container:
+    """The index of the directory snapshot ``src`` (its ``manifest.snap``), checked."""
     root = os.fspath(src)
     path = os.path.join(root, MANIFEST)
     if not os.path.lexists(path):
@@ -114,30 +126,32 @@ def read_parts(src: str, *, key: bytes | str | None = None) -> tuple[format.Cont
     if not index.info.is_index:
         raise CorruptSnapshotError(
             f"{MANIFEST} lists no parts: it is not the index of a distributed snapshot", source=path)
-    parts = []
-    for entry in index.info.parts:
-        part_path = os.path.join(root, entry.file)
-        try:
-            with open(part_path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError as exc:
-            raise SnapshotFileError(
-                f"the index lists {entry.file} (rank {entry.rank}), which is missing: the directory is "
-                "incomplete; use another snapshot", source=root) from exc
-        except IsADirectoryError as exc:
-            raise SnapshotFileError(f"{entry.file} is a directory where rank {entry.rank}'s part file should be",
-                                    source=root) from exc
-        except OSError as exc:
-            raise SnapshotFileError(f"cannot read {entry.file}: {exc.strerror or exc}", source=root) from exc
-        if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
-            raise CorruptSnapshotError(
-                f"{entry.file} ({len(data)} bytes) is not the part the index records ({entry.size} bytes, "
-                f"sha256 {entry.sha256[:16]}...): the directory mixes parts of different saves, or a part "
-                "was altered. Use another snapshot", source=root)
-        part = format.unpack(data, source=part_path, key=key)
-        check_part(index.info, entry, part.info, source=root)
-        parts.append(part)
-    return index, parts
+    return index
+
+
+def _read_part(root: str, entry: schema.PartRecord, index: format.Container,
+               key: bytes | str | None) -> format.Container:
+    part_path = os.path.join(root, entry.file)
+    try:
+        with open(part_path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError as exc:
+        raise SnapshotFileError(
+            f"the index lists {entry.file} (rank {entry.rank}), which is missing: the directory is "
+            "incomplete; use another snapshot", source=root) from exc
+    except IsADirectoryError as exc:
+        raise SnapshotFileError(f"{entry.file} is a directory where rank {entry.rank}'s part file should be",
+                                source=root) from exc
+    except OSError as exc:
+        raise SnapshotFileError(f"cannot read {entry.file}: {exc.strerror or exc}", source=root) from exc
+    if len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
+        raise CorruptSnapshotError(
+            f"{entry.file} ({len(data)} bytes) is not the part the index records ({entry.size} bytes, "
+            f"sha256 {entry.sha256[:16]}...): the directory mixes parts of different saves, or a part "
+            "was altered. Use another snapshot", source=root)
+    part = format.unpack(data, source=part_path, key=key)
+    check_part(index.info, entry, part.info, source=root)
+    return part
 
 
 def save_directory(collective: Any, source: LoaderState, dest: Any, key: bytes | str | None) -> Snapshot:

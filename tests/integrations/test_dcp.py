@@ -197,7 +197,7 @@ def plain_load(rank: int, world: int, checkpoint: str) -> str:
 def test_dcp_s_own_load_onto_fewer_ranks_says_to_use_ours(saved_run) -> None:
     checkpoint, _ = saved_run
     [message] = run_ranks(1, plain_load, checkpoint, timeout=180)
-    assert "holds 1 of the 2 parts its index lists; rank-00001.snap are not in it" in message
+    assert "holds 1 of the 2 parts its index lists, and not rank-00001.snap, which this restore reads" in message
     assert "snapshot.integrations.dcp.load()" in message
 
 

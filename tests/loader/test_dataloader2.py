@@ -269,7 +269,7 @@ def test_pipes_defined_in_a_script_or_notebook(tmp_path) -> None:
 def test_a_service_builds_and_analyzes_the_graph_once(monkeypatch) -> None:
     """``initialize`` decides the number of logical shards from the graph's analysis and hands
     the same graph and analysis to ``configure``: the graph is walked and analyzed once."""
-    from snapshot.reading_service import _sharded
+    from snapshot.reading_service._shards import service as _sharded
 
     analyzed = []
     real = _sharded.analyze

@@ -278,3 +278,26 @@ def test_the_loader_helpers_are_objects_that_never_reach_into_the_loader() -> No
     reached = {path.name: found for path in sorted((ROOT / "snapshot/loader").glob("*.py"))
                if path.name != "dataloader2.py" and (found := _members_reached(path.read_text(), members))}
     assert not reached, f"loader helpers that read DataLoader2's private members: {reached}"
+
+
+def _private_reads(source: str) -> list[str]:
+    """``obj._name`` where ``obj`` is not ``self``/``cls``: another object's private attribute."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        private = isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+        if private and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+            found.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_private_reads_are_found() -> None:
+    assert _private_reads("def f(self, executor):\n    return self._a, executor._count, x.__dict__\n") == \
+        ["line 2: executor._count"]
+
+
+def test_the_reading_services_compose_through_public_methods() -> None:
+    """A service drives another (the distributed service its executor) through public methods that take
+    the re-shard plan, never through its private attributes."""
+    reached = {str(path.relative_to(ROOT)): found for path in sorted((ROOT / "snapshot/reading_service").rglob("*.py"))
+               if (found := _private_reads(path.read_text()))}
+    assert not reached, f"reading-service modules that read another object's private attributes: {reached}"

@@ -37,7 +37,7 @@ OWN_RECORDS: dict[str, set[str]] = {
     "storage/_object_directory.py": {"rank"},
     "storage/multipart.py": {"rank"},
     # a worker's set-up (its graph, shards, options), sent once when it starts
-    "reading_service/_worker.py": {"shards", "buffer_state"},
+    "reading_service/_workers/worker.py": {"shards", "buffer_state"},
     # the payload's frame, {"state", "graph", "service"}: the container's, around the state's root
     "container/capture.py": {"state", "service"},
     "container/_payload.py": {"state", "service"},

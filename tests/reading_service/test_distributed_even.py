@@ -6,10 +6,12 @@ after the loop, on the default group with a short timeout: with ranks that end a
 different numbers of samples, their collectives stop matching, and one fails or waits until the
 timeout (the control test shows it).
 
+When a rank runs out, the ranks share what is left (one sample per rank per step, sent from the ranks
+that have more), so ``"drop"`` loses and ``"pad"`` repeats fewer samples than there are ranks.
 Snapshots stay exact under each policy: at the end of an epoch in which ``"drop"`` dropped a
 sample (the next epoch is the uninterrupted run's, on the same ranks and on others), mid-epoch
-onto another number of ranks (the policy evens out the new ranks' shares: it only cuts their
-tails), and in the middle of ``"pad"``'s padding (the saved last sample is repeated).
+onto another number of ranks, and while the ranks share (each rank's samples read for sharing are
+saved by value).
 """
 
 from __future__ import annotations
@@ -43,11 +45,11 @@ def keep(x: int) -> bool:
     return x % 4 != 3
 
 
-def lopsided() -> Any:
+def lopsided(samples: int = 24) -> Any:
     """24 samples, 2 logical shards of 12 and 6 after the filter: the second runs out early."""
     from torch.utils.data.datapipes.iter import IterableWrapper
 
-    return IterableWrapper(range(24)).sharding_filter().filter(keep)
+    return IterableWrapper(range(samples)).sharding_filter().filter(keep)
 
 
 def service(policy: Any = DEFAULT, logical_shards: int | None = None, workers: int = 0) -> Any:
@@ -233,18 +235,55 @@ def next_shares(rank: int, world: int, directory: str) -> list[int]:
         return list(loader)
 
 
-def test_pad_resumes_in_the_middle_of_its_padding(tmp_path) -> None:
-    # rank 1's share has 6 samples and rank 0's 12: saved at step 8, rank 1 is repeating its last
+@pytest.mark.parametrize("samples", [24, 22])
+@pytest.mark.parametrize("policy", ["drop", "pad"])
+def test_a_rank_that_runs_out_gets_a_share_of_the_rest(samples: int, policy: str) -> None:
+    # shares of 12 and 6 (or 11 and 6): torchdata 0.9 stopped (drop) or padded (pad) for 6 steps; the ranks
+    # now share the rest, so drop loses and pad repeats at most one sample (fewer than the 2 ranks)
+    results = run_ranks(2, epochs_with_collectives_of, policy, lopsided, samples, pg_timeout=20)
+    shares = [r[0] for r in results]
+    got, wanted = Counter(shares[0] + shares[1]), Counter(x for x in range(samples) if keep(x))
+    total = sum(wanted.values())
+    assert len(shares[0]) == len(shares[1]) == (total // 2 if policy == "drop" else (total + 1) // 2)
+    if policy == "drop":
+        assert not got - wanted and sum((wanted - got).values()) == sum(wanted.values()) % 2
+    else:
+        assert not wanted - got and sum((got - wanted).values()) == sum(wanted.values()) % 2
+    # each rank's own share while both have one (6 steps); then rank 0's rest is dealt one by one: rank 0
+    # keeps the first of each pair, rank 1 receives the second; an odd one out is dropped, or rank 1 pads
+    own = [x for x in range(samples) if keep(x) and x % 2 == 0]
+    rest = own[6:]
+    assert shares[0] == own[:6] + rest[0::2][:len(shares[0]) - 6]
+    padding = [rest[1::2][-1]] if policy == "pad" and len(rest) % 2 else []
+    assert shares[1] == [x for x in range(samples) if keep(x) and x % 2 == 1] + rest[1::2] + padding
+
+
+def epochs_with_collectives_of(rank: int, world: int, policy: Any, factory: Any, samples: int) -> list[list[int]]:
+    with snapshot.DataLoader2(factory(samples), reading_service=service(policy)) as loader:
+        loader.seed(7)
+        return [train_epoch(loader) for _ in range(2)]
+
+
+@pytest.mark.parametrize("policy", ["drop", "pad"])
+def test_a_snapshot_taken_while_the_ranks_share_resumes_exactly(tmp_path, policy: str) -> None:
+    # rank 1's share ends after 6 steps; saved at step 8, while rank 0 hands it samples
     directory = str(tmp_path / "data.snap")
-    full = run_ranks(2, save_in_epoch_0, directory, 8, None, "pad", lopsided, pg_timeout=20)
-    assert [len(r["epochs"][0]) for r in full] == [12, 12]
-    assert full[1]["epochs"][0][6:] == [full[1]["epochs"][0][5]] * 6
-    again = run_ranks(2, resume, directory, "pad", lopsided, pg_timeout=20)
+    full = run_ranks(2, save_in_epoch_0, directory, 8, None, policy, lopsided, pg_timeout=20)
+    assert [len(r["epochs"][0]) for r in full] == [9, 9]
+    again = run_ranks(2, resume, directory, policy, lopsided, pg_timeout=20)
     for rank in range(2):
         assert again[rank]["rest"] == full[rank]["epochs"][0][8:]
         assert again[rank]["next"] == full[rank]["epochs"][1]
     manifest = snapshot.read_manifest(directory)
-    assert manifest["service"]["even_batches"] == "pad"
+    assert manifest["service"]["even_batches"] == policy
+    assert [r["handout"]["sharing"] for r in manifest["ranks"]] == [True, True]
+    # onto 3 ranks: the rest of the epoch exactly once (rank 0's spare samples are handed out first)
+    three = run_ranks(3, resume, directory, policy, lopsided, pg_timeout=20)
+    seen = Counter(x for r in full for x in r["epochs"][0][:8]) + Counter(x for r in three for x in r["rest"])
+    wanted = Counter(x for x in range(24) if keep(x))
+    assert len({len(r["rest"]) for r in three}) == 1
+    assert not seen - wanted if policy == "drop" else not wanted - seen
+    assert sum(((wanted - seen) if policy == "drop" else (seen - wanted)).values()) < 3
 
 
 @pytest.mark.slow
@@ -278,3 +317,26 @@ def test_under_torchrun_a_collective_after_the_loop_returns(tmp_path, ranks: int
     length = SAMPLES // ranks
     for rank in range(ranks):
         assert f"rank {rank} OK {length} {length}" in proc.stdout, proc.stdout
+
+
+def with_lock(x: int) -> Any:
+    import threading
+
+    return x, threading.Lock()
+
+
+def unpicklable_epoch(rank: int, world: int) -> int:
+    service = snapshot.DistributedReadingService(timeout=300)
+    with snapshot.DataLoader2(lopsided().map(with_lock), reading_service=service) as loader:
+        return len(list(loader))
+
+
+def test_a_sample_that_cannot_be_sent_is_refused_on_both_ranks_at_once() -> None:
+    # rank 1 runs out after 6 samples; rank 0 must send it one of its own, which cannot be pickled.
+    # The loader's group timeout is 300 s: both ranks fail within the harness's 120 s, naming the cause
+    results = run_ranks(2, unpicklable_epoch, pg_timeout=300, timeout=120, allow_errors=True)
+    assert isinstance(results[0], RankFailure) and isinstance(results[1], RankFailure)
+    assert results[0].message.startswith("SerializationError: rank 0 could not send a sample")
+    assert results[1].message.startswith("RankError: rank 0 could not send a sample")
+    for failure in results:
+        assert "cannot be pickled" in failure.message and "even_batches=None" in failure.message

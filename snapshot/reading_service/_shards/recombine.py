@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 
 from snapshot.engine.sharding import Topology
 from snapshot.errors import LayoutError
-from snapshot.reading_service._engine import EngineState
+from snapshot.reading_service._shards.engine import EngineState
 from snapshot.schema.state import RouterState, ShardState, UpstreamState
 
 __all__ = ["Part", "parts", "recombine"]

@@ -32,7 +32,7 @@ from snapshot.engine.plan import RestoreStrategy
 from snapshot.engine.randomness import EpochSeeds, SeedGenerator
 from snapshot.engine.sharding import WorkerInfo
 from snapshot.errors import ExecutionError
-from snapshot.reading_service._engine import EngineState, ShardEngine
+from snapshot.reading_service._shards.engine import EngineState, ShardEngine
 from snapshot.schema import ServiceState
 
 __all__ = ["RESET_FN", "ResetEngine", "callable_name", "reset_generator", "same_layout_problems"]

@@ -3,7 +3,7 @@
 The part of the graph above a dispatcher is non-replicable: it runs once, here in the
 process that drives the workers, and its samples are dealt to the logical shards by index
 (sample i to shard i % L, as a ``sharding_filter`` would). A worker asks for a shard's next
-samples when it has none left (see :class:`~snapshot.reading_service._routing.RemoteRouter`),
+samples when it has none left (see :class:`~snapshot.reading_service._shards.routing.RemoteRouter`),
 and says how many that shard has read so far.
 
 A snapshot of this part holds its node states, the dealing position, and per shard the
@@ -25,10 +25,10 @@ from snapshot.engine.plan import RestoreStrategy
 from snapshot.engine.randomness import EpochSeeds
 from snapshot.engine.sharding import Topology
 from snapshot.errors import ExecutionError
-from snapshot.reading_service._engine import restore_plans, start_upstream
-from snapshot.reading_service._recombine import parts, recombine
 from snapshot.reading_service._rng import GlobalRNG, plain_rng, raw_from_plain, raw_rng, seeded_rng, set_raw_rng
-from snapshot.reading_service._routing import Router
+from snapshot.reading_service._shards.engine import restore_plans, start_upstream
+from snapshot.reading_service._shards.recombine import parts, recombine
+from snapshot.reading_service._shards.routing import Router
 from snapshot.schema import ServiceState, ShardState, UpstreamState
 
 __all__ = ["DispatchFailed", "Dispatcher"]

@@ -30,7 +30,7 @@ from snapshot.engine.plan import RestoreStrategy, make_plan
 from snapshot.engine.randomness import pass_seed
 from snapshot.errors import LayoutError, ShardingError
 from snapshot.hooks._base import ResumableIterator
-from snapshot.reading_service._routing import Router
+from snapshot.reading_service._shards.routing import Router
 from snapshot.schema.state import NodeState, RouterState, ShardState
 
 __all__ = ["Reread", "check_one_pass", "reread"]

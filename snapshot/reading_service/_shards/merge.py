@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from snapshot.engine.randomness import EpochSeeds
-from snapshot.reading_service._engine import EngineState
+from snapshot.reading_service._shards.engine import EngineState
 from snapshot.schema import ServiceState, ShardState
 
 __all__ = ["CONSUMED", "RoundRobin", "merge_state_for", "owners", "service_state"]

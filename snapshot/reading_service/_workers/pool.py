@@ -14,17 +14,17 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-import snapshot.reading_service._transport as transport
+import snapshot.reading_service._workers.transport as transport
 from snapshot.container import _serialization
 from snapshot.engine.plan import RestoreStrategy
 from snapshot.engine.randomness import EpochSeeds
 from snapshot.engine.sharding import Topology, WorkerInfo
 from snapshot.errors import WorkerError
-from snapshot.reading_service._dispatch import Dispatcher, DispatchFailed
-from snapshot.reading_service._engine import EngineState
-from snapshot.reading_service._recombine import parts, recombine
 from snapshot.reading_service._rng import GlobalRNG
-from snapshot.reading_service._worker import run_worker
+from snapshot.reading_service._shards.dispatch import Dispatcher, DispatchFailed
+from snapshot.reading_service._shards.engine import EngineState
+from snapshot.reading_service._shards.recombine import parts, recombine
+from snapshot.reading_service._workers.worker import run_worker
 from snapshot.schema import ServiceState
 
 __all__ = ["WorkerPool"]

@@ -20,14 +20,15 @@ from snapshot.engine.plan import RestoreStrategy
 from snapshot.engine.randomness import EpochSeeds, SeedGenerator, epoch_seeds
 from snapshot.engine.sharding import Topology, WorkerInfo, analyze
 from snapshot.errors import LayoutError, ShardingError
-from snapshot.reading_service._engine import EngineState, ShardEngine
-from snapshot.reading_service._merge import RoundRobin, merge_state_for, service_state
-from snapshot.reading_service._recombine import parts, recombine
 from snapshot.reading_service._rng import GlobalRNG
-from snapshot.reading_service._split import epoch_finished, split
-from snapshot.reading_service._tail import Tail, check_restarted
-from snapshot.reading_service._worker_reset import same_layout_problems
+from snapshot.reading_service._shards.engine import EngineState, ShardEngine
+from snapshot.reading_service._shards.merge import RoundRobin, merge_state_for, service_state
+from snapshot.reading_service._shards.recombine import parts, recombine
+from snapshot.reading_service._shards.split import split
+from snapshot.reading_service._shards.tail import Tail, check_restarted
+from snapshot.reading_service._workers.reset import same_layout_problems
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint, as_record
+from snapshot.reading_service.reshard import ReshardPlan, SavedLayout, plan_restore
 from snapshot.schema import ServiceState
 
 __all__ = ["Executor", "LocalExecutor", "ShardedService", "resolve_logical_shards"]
@@ -135,7 +136,7 @@ class ShardedService(ReadingServiceInterface):
     def _layout(self) -> dict[str, Any]:
         """Workers and their shards, for the manifest."""
 
-    def _prepare(self, datapipe: Any) -> Any:
+    def prepare(self, datapipe: Any) -> Any:
         """Transform the graph once before the first epoch (``init_fn``)."""
         return datapipe
 
@@ -144,10 +145,20 @@ class ShardedService(ReadingServiceInterface):
         """Worker processes per rank (0: in the calling process)."""
         return 0
 
+    @property
+    def configured(self) -> bool:
+        """Whether the service has its graph and the units it runs (``initialize`` or ``configure``)."""
+        return self._executor is not None
+
+    @property
+    def logical_shard_count(self) -> int:
+        """L, once configured (0 before)."""
+        return self._count
+
     # -- lifecycle --------------------------------------------------------------------------
 
     def initialize(self, datapipe: Any) -> _Output:
-        datapipe = self._prepare(datapipe)
+        datapipe = self.prepare(datapipe)
         graph = Graph(datapipe)
         analysis = analyze(graph)
         count = resolve_logical_shards(self.logical_shards, analysis, self._default_shards())
@@ -172,6 +183,12 @@ class ShardedService(ReadingServiceInterface):
         if topology.tail:  # the part below a non-replicable pipe: once, here, over the merged stream
             self._tail = Tail(graph, topology, units, self._owned, global_rng=self.global_rng,
                               buffer_state=self.buffer_state)
+
+    def run_units(self, units: int, shards: Sequence[int]) -> None:
+        """From the next epoch on, run ``shards`` of ``units`` units (a rank's share of an epoch that starts
+        whole after a restore split the saved one into other units): configured again only if they differ."""
+        if self._graph is not None and (units, list(shards)) != (self._units, self._owned):
+            self.configure(self._graph.sink, self._count, shards, units)
 
     def initialize_iteration(
         self, seed_generator: SeedGenerator, iter_reset_fn: Callable[[Any], Any] | None = None
@@ -213,48 +230,49 @@ class ShardedService(ReadingServiceInterface):
             state.tail = self._tail.capture()
         return state
 
-    def validate(self, state: ServiceCheckpoint | ServiceState) -> list[str]:
+    def plan(self, state: ServiceCheckpoint | ServiceState) -> ReshardPlan:
+        """The re-shard plan of a restore of ``state`` onto this service alone (one rank)."""
+        return plan_restore(SavedLayout.from_state(as_record(state)), 1, self.workers)
+
+    def validate(self, state: ServiceCheckpoint | ServiceState, plan: ReshardPlan | None = None) -> list[str]:
+        """Problems that stop a restore of ``state`` as ``plan`` says (default: this service's own)."""
         state = as_record(state)
+        plan = plan or self.plan(state)
         saved = state.logical_shards
-        problems = same_layout_problems(state, self._reset_layout())
+        problems = same_layout_problems(state, self.reset_layout())
         if self.logical_shards is not None and self.logical_shards != saved:
             problems.append(f"the snapshot has {saved} logical shards but this service asks for logical_shards="
                             f"{self.logical_shards}; the number of logical shards is fixed by the first run (leave "
                             "logical_shards unset to take the saved value)")
+        if plan.refusal:
+            problems.append(plan.refusal)
         return problems
 
-    def _reset_layout(self) -> dict[str, Any] | None:
-        """The ``worker_reset_fn`` a restore would call, if any (see :mod:`._worker_reset`)."""
+    def reset_layout(self) -> dict[str, Any] | None:
+        """The ``worker_reset_fn`` a restore would call, if any (see :mod:`snapshot.reading_service._workers.reset`)."""
         return None
 
     def restore(self, datapipe: Any, state: ServiceCheckpoint | ServiceState | None, *,
-                strategy: Any = RestoreStrategy.AUTO,
-                shards: Sequence[int] | None = None, units: int | None = None, ranks: int = 1,
-                ahead: Sequence[int] = ()) -> _Output:
-        """Continue from ``state``, running ``shards`` of ``units`` (default: all the saved units;
-        more units split the saved ones, see :mod:`._split`) as one of ``ranks`` ranks, whose
-        callers hand out ``ahead`` outputs (per rank) before the restored streams."""
+                strategy: Any = RestoreStrategy.AUTO, plan: ReshardPlan | None = None, rank: int = 0) -> _Output:
+        """Continue from ``state``, running what ``plan`` gives rank ``rank`` (default: this service's own
+        plan, every unit): the saved units, or sub-shards of them (see :mod:`.split`)."""
         state = as_record(state) if state else None
         if state is None:
             if self._executor is None:
                 self.initialize(datapipe)
             return _Output(self)
-        count = state.logical_shards
-        saved_units = state.units
-        units = units or saved_units
-        owned = list(shards) if shards is not None else list(range(units))
+        plan = plan or self.plan(state)
+        count, units, owned = state.logical_shards, plan.units, list(plan.rank(rank).units)
         if self._executor is None or (count, units, owned) != (self._count, self._units, self._owned):
             if self._graph is not None:
                 datapipe = self._graph.sink
             elif self._executor is None:
-                datapipe = self._prepare(datapipe)
+                datapipe = self.prepare(datapipe)
             self.configure(datapipe, count, owned, units)
-        rebalance = ranks > 1 and state.world != ranks
-        if units != saved_units or rebalance:
-            _log.info("re-sharding: the saved %d unit(s) of %d logical shard(s) run as %d on %d rank(s)", saved_units,
-                      count, units, ranks)
-            state = split(state, units, analyze(self._require()[1]), finished=epoch_finished(state), ranks=ranks,
-                          rebalance=rebalance, ahead=ahead)
+        if plan.splits:
+            _log.info("re-sharding: the saved %d unit(s) of %d logical shard(s) run as %d on %d rank(s)", state.units,
+                      count, units, plan.ranks)
+            state = split(state, units, analyze(self._require()[1]), finished=plan.saved.finished)
         saved_workers, workers = state.workers, int(self._layout()["workers"])
         if saved_workers != workers:
             _log.info("re-sharding: %d logical shard(s) saved with %d worker(s) per rank now run on %d "

@@ -6,9 +6,9 @@ its samples to shards by index) and one copy of the part below it per owned shar
 nothing of processes: the in-process service runs one engine for all shards, each worker
 runs one for its own.
 
-Around it: :mod:`._routing` deals samples to shards, :mod:`._rng` isolates the global
-generators per shard, :mod:`._merge` merges the shards into the loader's stream and builds
-the service's checkpoint, and :mod:`._recombine` carries saved states onto another layout.
+Around it: :mod:`.routing` deals samples to shards, :mod:`snapshot.reading_service._rng` isolates the
+global generators per shard, :mod:`.merge` merges the shards into the loader's stream and builds the
+service's checkpoint, and :mod:`.recombine` carries saved states onto another layout.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from snapshot.engine.graph import Graph
 from snapshot.engine.plan import RestoreStrategy, make_plan
 from snapshot.engine.randomness import EpochSeeds
 from snapshot.engine.sharding import Topology, WorkerInfo
-from snapshot.reading_service._reread import reread
 from snapshot.reading_service._rng import GlobalRNG, _ShardRNG, raw_from_plain, seeded_rng
-from snapshot.reading_service._routing import RemoteFetch, RemoteRouter, Router, RouterPort, _outer
+from snapshot.reading_service._shards.reread import reread
+from snapshot.reading_service._shards.routing import RemoteFetch, RemoteRouter, Router, RouterPort, _outer
 from snapshot.schema.state import NodeState, RouterState, ShardState, UpstreamState
 
 __all__ = ["EngineState", "ShardEngine", "counts", "restore_plans", "start_upstream"]

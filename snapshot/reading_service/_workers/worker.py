@@ -35,7 +35,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-import snapshot.reading_service._transport as transport
+import snapshot.reading_service._workers.transport as transport
 from snapshot.container import _serialization
 
 
@@ -111,8 +111,8 @@ def _serve(requests: Connection, sender: transport.Sender, setup: bytes, parent:
 def _make_engine(config: dict[str, Any], fetch: Any) -> Any:
     from snapshot.engine.graph import Graph
     from snapshot.engine.sharding import analyze
-    from snapshot.reading_service._engine import ShardEngine
-    from snapshot.reading_service._worker_reset import ResetEngine
+    from snapshot.reading_service._shards.engine import ShardEngine
+    from snapshot.reading_service._workers.reset import ResetEngine
 
     template = config["graph"]
     graph = Graph(_serialization.loads_graph(template))

@@ -29,9 +29,9 @@ from snapshot.engine.plan import RestoreStrategy, make_plan
 from snapshot.engine.randomness import EpochSeeds
 from snapshot.engine.sharding import Topology
 from snapshot.errors import RestoreError, ShardingError
-from snapshot.reading_service._engine import counts
-from snapshot.reading_service._merge import CONSUMED, RoundRobin
 from snapshot.reading_service._rng import GlobalRNG, plain_rng, raw_from_plain, raw_rng, seeded_rng, set_raw_rng
+from snapshot.reading_service._shards.engine import counts
+from snapshot.reading_service._shards.merge import CONSUMED, RoundRobin
 from snapshot.schema.state import NodeState, TailState
 
 __all__ = ["Tail", "check_restarted"]

@@ -1,0 +1,305 @@
+"""The re-shard plan: who runs and who reads what when a snapshot restores onto R' ranks x W' workers.
+
+One pure step, computed from what a snapshot's index (its manifest) says of the saved layout and
+from the target layout alone: the same on every rank, with no process group and before anything
+changes. For each rank of the target it says
+
+- the units it runs (logical shards, or the sub-shards they are split into: an epoch's samples are
+  dealt at the sharding point to ``M`` units, and rank ``r`` runs the units ``u`` with
+  ``u % R' == r``; when R' does not divide the saved ``M``, each unit is split into
+  ``lcm(M, R') / M`` sub-shards from where it stood, see :mod:`snapshot.reading_service._shards.split`),
+  and which of its workers runs each;
+- which saved units it continues (their state is in the part of the rank that ran them) and which
+  are new sub-shards (they start from their parent's position, with no state of their own);
+- the parts it reads: the saved ranks that ran its units' parents, and those whose samples to hand
+  out first it takes (so a rank's restore reads a few parts whatever the number of ranks);
+- the samples it hands out first (saved samples not yet yielded), as slices of the saved ranks'
+  lists, and the counts the saving run recorded for its units (samples in flight, items buffered);
+- or why the restore is refused.
+
+What an equalizing policy drops or repeats is not predicted here: it is counted as the samples are
+read (see :mod:`snapshot.reading_service._ranks.even`): fewer than R' an epoch, whatever the plan.
+
+This module imports no torch: ``snapshot inspect --plan-for`` prints a plan from a file's manifest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from snapshot import schema
+from snapshot.schema import Handout
+
+__all__ = ["RankPlan", "ReshardPlan", "SavedLayout", "Slice", "epoch_units", "plan_restore", "restore_units"]
+
+
+def epoch_units(logical_shards: int, ranks: int) -> int:
+    """The units of an epoch that starts with ``ranks`` ranks: ``L``, or ``lcm(L, R)``."""
+    return math.lcm(logical_shards, max(ranks, 1))
+
+
+def restore_units(saved_units: int, ranks: int) -> int:
+    """The units for the rest of a saved epoch on ``ranks`` ranks: the saved ones when the
+    ranks can share them, else each split into as few sub-shards as equal shares need."""
+    return saved_units if saved_units % max(ranks, 1) == 0 else math.lcm(saved_units, ranks)
+
+
+@dataclass(frozen=True)
+class SavedLayout:
+    """What a snapshot says of the layout it was saved in: all a plan needs, read from its manifest
+    (:meth:`from_manifest`, no part of a directory needed) or from its service's state
+    (:meth:`from_state`)."""
+
+    logical_shards: int
+    units: int
+    ranks: int
+    workers: int
+    #: The saved rank that ran each unit.
+    owners: tuple[int, ...]
+    #: The saved epoch had ended (on every rank).
+    finished: bool
+    #: Per saved rank: what it had to hand out besides its stream.
+    handouts: tuple[Handout, ...] = ()
+    #: Per unit, as the saving run counted them: samples produced and not yet taken, and items held
+    #: in the buffers of its pipes below the sharding point (``None``: the unit is not described).
+    in_flight: tuple[int | None, ...] = ()
+    buffered: tuple[int | None, ...] = ()
+
+    @classmethod
+    def from_manifest(cls, manifest: schema.Manifest) -> SavedLayout | None:
+        """The layout a manifest (a file's, or a directory's index) describes; ``None`` before the
+        first epoch or for a service that does not run logical shards."""
+        service = manifest.service
+        if service.logical_shards is None or manifest.loader.epoch < 0:
+            return None
+        units = service.units or service.logical_shards
+        if manifest.ranks:
+            handouts = tuple(r.handout or Handout() for r in manifest.ranks)
+        else:
+            handouts = (_handout(service.extra.get(schema.HANDOUT)),)
+        shards = list(manifest.shards) + [None] * (units - len(manifest.shards))
+        return cls(
+            logical_shards=service.logical_shards, units=units, ranks=service.ranks or 1,
+            workers=service.workers or 0, owners=_owner_ranks(service.owners, units),
+            finished=manifest.loader.epoch_finished, handouts=handouts,
+            in_flight=tuple(None if s is None else s.in_flight for s in shards),
+            buffered=tuple(None if s is None else sum(n.buffered for n in s.nodes.values()) for s in shards))
+
+    @classmethod
+    def from_state(cls, state: schema.ServiceState) -> SavedLayout:
+        """The layout a service's state describes. A distributed snapshot's state, joined from the parts a
+        rank read, has the layout, the owners and each rank's handout and end whatever parts were read."""
+        layout = schema.ServiceLayout.from_dict({"name": state.service, **state.layout}, "state.service.layout")
+        units = state.units
+        handouts = tuple(_handout(h) for h in ([r.handout for r in state.ranks] if state.ranks
+                                               else [layout.extra.get(schema.HANDOUT)]))
+        shards = list(state.shards) + [None] * (units - len(state.shards))
+        if state.ranks:
+            finished = all(r.epoch_finished for r in state.ranks)
+        else:  # one process: every unit taken to its end, or the policy ended the epoch
+            taken = [s.taken_all for s in shards if s is not None]
+            finished = bool(taken) and all(taken) or handouts[0].ended
+        return cls(
+            logical_shards=state.logical_shards, units=units, ranks=state.world, workers=state.workers,
+            owners=_owner_ranks(layout.owners, units), finished=finished,
+            handouts=handouts,
+            in_flight=tuple(None if s is None else len(s.in_flight) for s in shards),
+            buffered=tuple(None if s is None else sum(n.buffered for n in s.nodes.values()) for s in shards))
+
+
+def _handout(value: Any) -> Handout:
+    if value is None:
+        return Handout()
+    return value if isinstance(value, Handout) else Handout.from_dict(value)
+
+
+def _owner_ranks(owners: dict[str, schema.Owner], units: int) -> tuple[int, ...]:
+    ranks = [0] * units
+    for key, owner in owners.items():
+        if int(key) < units:
+            ranks[int(key)] = owner.rank or 0
+    return tuple(ranks)
+
+
+@dataclass(frozen=True)
+class Slice:
+    """Items ``start`` to ``stop`` of the list a saved rank had to hand out (its spare samples, then its
+    samples to hand out first, on another number of ranks; those to hand out first, on the same)."""
+
+    rank: int
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """One rank of a :class:`ReshardPlan`."""
+
+    rank: int
+    #: The units this rank runs, in the order its merge takes them.
+    units: tuple[int, ...]
+    #: Per worker, the units it runs (one entry, all of them, when the rank runs them in-process).
+    workers: tuple[tuple[int, ...], ...]
+    #: Saved units whose state it continues.
+    continues: tuple[int, ...]
+    #: New sub-shards: they start from their parent unit's position with no state of their own.
+    splits: tuple[int, ...]
+    #: The saved ranks whose parts it reads.
+    reads: tuple[int, ...]
+    #: The saved samples it yields before its restored stream, as slices of the saved ranks' lists.
+    first: tuple[Slice, ...]
+    #: Counted by the saving run for the units it continues: samples in flight, items buffered.
+    in_flight: int = 0
+    buffered: int = 0
+
+    @property
+    def handed_out(self) -> int:
+        return sum(s.stop - s.start for s in self.first)
+
+
+@dataclass(frozen=True)
+class ReshardPlan:
+    """Who runs and reads what in a restore of ``saved`` onto ``ranks`` x ``workers`` (see the module)."""
+
+    saved: SavedLayout
+    ranks: int
+    workers: int
+    #: The units the rest of the saved epoch runs as.
+    units: int
+    #: Why the restore cannot be done (``None``: it can).
+    refusal: str | None = None
+    _plans: dict[int, RankPlan] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def splits(self) -> bool:
+        """Whether the saved units are split into sub-shards."""
+        return self.units != self.saved.units
+
+    def rank(self, rank: int) -> RankPlan:
+        """The plan of rank ``rank`` of the target."""
+        if not 0 <= rank < self.ranks:
+            raise ValueError(f"rank {rank} is not one of the plan's {self.ranks} ranks")
+        plan = self._plans.get(rank)
+        if plan is None:
+            plan = self._plans[rank] = _rank_plan(self, rank)
+        return plan
+
+    def describe(self, *, limit: int | None = 16) -> str:
+        """The plan as text (at most ``limit`` ranks' lines; ``None``: all)."""
+        return _describe(self, limit=limit)
+
+
+def plan_restore(saved: SavedLayout, ranks: int, workers: int = 0) -> ReshardPlan:
+    """The plan for restoring a snapshot saved as ``saved`` onto ``ranks`` ranks of ``workers``
+    worker processes each (0: in the rank's own process)."""
+    if ranks < 1 or workers < 0:
+        raise ValueError(f"a restore runs on at least one rank and zero or more workers, not {ranks} x {workers}")
+    units = restore_units(saved.units, ranks)
+    plan = ReshardPlan(saved, ranks, workers, units)
+    per_rank = units // ranks
+    if workers > per_rank:
+        where = f"on {ranks} rank(s) each rank runs" if ranks > 1 else "a restore runs"
+        busy = f"{workers} workers per rank busy" if ranks > 1 else f"{workers} workers busy"
+        refusal = (f"{where} {per_rank} logical shard(s) (or sub-shards) of this snapshot ({saved.logical_shards} "
+                   f"logical shard(s) saved as {saved.units} unit(s)), which cannot keep {busy}: each "
+                   f"unit runs in one worker; use num_workers <= {per_rank}. To add workers later, start a stream "
+                   "with logical_shards= above its number of workers (for example 8)")
+        plan = ReshardPlan(saved, ranks, workers, units, refusal)
+    return plan
+
+
+def _rank_plan(plan: ReshardPlan, rank: int) -> RankPlan:
+    saved = plan.saved
+    units = tuple(range(rank, plan.units, plan.ranks))
+    continues = tuple(u for u in units if u < saved.units)
+    reads = {saved.owners[u % saved.units] for u in units}
+    first = _first(saved, rank, plan.ranks)
+    reads.update(s.rank for s in first)
+    count = max(plan.workers, 1)
+    workers = tuple(units[w::count] for w in range(count)) if plan.workers else (units,)
+    return RankPlan(
+        rank=rank, units=units, workers=workers, continues=continues,
+        splits=tuple(u for u in units if u >= saved.units), reads=tuple(sorted(reads)), first=first,
+        in_flight=sum(saved.in_flight[u] or 0 for u in continues if u < len(saved.in_flight)),
+        buffered=sum(saved.buffered[u] or 0 for u in continues if u < len(saved.buffered)))
+
+
+def _first(saved: SavedLayout, rank: int, ranks: int) -> tuple[Slice, ...]:
+    """``rank``'s samples to hand out first: its own list on the same ranks; else every saved rank's
+    list (spare samples, then those to hand out first), joined in rank order and dealt in runs as
+    equal as they can be."""
+    handouts = list(saved.handouts) or [Handout()]
+    if len(handouts) == ranks:
+        own = handouts[rank]
+        return (Slice(rank, 0, own.first),) if own.first else ()
+    sizes = [h.spare + h.first for h in handouts]
+    share, extra = divmod(sum(sizes), ranks)
+    start = rank * share + min(rank, extra)
+    stop = start + share + (1 if rank < extra else 0)
+    return tuple(_slices(sizes, start, stop))
+
+
+def _slices(sizes: Sequence[int], start: int, stop: int) -> list[Slice]:
+    out, offset = [], 0
+    for saved_rank, size in enumerate(sizes):
+        low, high = max(start, offset), min(stop, offset + size)
+        if low < high:
+            out.append(Slice(saved_rank, low - offset, high - offset))
+        offset += size
+    return out
+
+
+# -- as text ------------------------------------------------------------------------------------
+
+def _layout(ranks: int, workers: int) -> str:
+    return f"{ranks} rank(s) x {workers} worker(s)" if workers else f"{ranks} rank(s), in-process"
+
+
+def _numbers(values: Sequence[int], width: int = 28) -> str:
+    """Values compactly: runs with a fixed step as ``a..b/step``, cut to ``width`` characters."""
+    if not values:
+        return "-"
+    if len(values) > 2 and len({b - a for a, b in zip(values, values[1:])}) == 1:
+        step = values[1] - values[0]
+        text = f"{values[0]}..{values[-1]}" + (f"/{step}" if step != 1 else "")
+    else:
+        text = " ".join(str(v) for v in values)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def _rank_line(plan: RankPlan) -> str:
+    first = " ".join(f"{s.rank}[{s.start}:{s.stop}]" for s in plan.first) or "-"
+    return (f"  {plan.rank:>5}  {_numbers(plan.units):<28}  {_numbers(plan.continues, 16):<16}  "
+            f"{_numbers(plan.splits, 16):<16}  {_numbers(plan.reads, 14):<14}  {first:<14}  "
+            f"{plan.in_flight:>9}  {plan.buffered:>8}")
+
+
+def _describe(plan: ReshardPlan, *, limit: int | None = 16) -> str:
+    saved = plan.saved
+    lines = [f"re-shard plan: {saved.units} unit(s) of {saved.logical_shards} logical shard(s) saved on "
+             f"{_layout(saved.ranks, saved.workers)} -> {_layout(plan.ranks, plan.workers)}"]
+    if plan.refusal:
+        lines.append(f"refused: {plan.refusal}")
+        return "\n".join(lines)
+    where = "the next epoch" if saved.finished else "the rest of the saved epoch"
+    if plan.splits:
+        lines.append(f"{where} runs as {plan.units} unit(s): each saved unit u is split into "
+                     f"{plan.units // saved.units} sub-shard(s) u, u+{saved.units}, ... from where it stood")
+    else:
+        lines.append(f"{where} runs as the saved {plan.units} unit(s)")
+    lines.append(f"  {'rank':>5}  {'units':<28}  {'continues':<16}  {'new sub-shards':<16}  {'reads parts':<14}  "
+                 f"{'hands out first':<14}  {'in flight':>9}  {'buffered':>8}")
+    shown = range(plan.ranks) if limit is None else range(min(plan.ranks, limit))
+    lines += [_rank_line(plan.rank(r)) for r in shown]
+    if len(shown) < plan.ranks:
+        lines.append(f"  ... {plan.ranks - len(shown)} more rank(s)")
+    reads = [len(plan.rank(r).reads) for r in shown]
+    lines.append(f"parts read per rank: at most {max(reads)} of {saved.ranks}" +
+                 ("" if len(shown) == plan.ranks else f" (over the {len(shown)} ranks shown)"))
+    lines.append("equalizing (even_batches \"drop\"/\"pad\"): counted as the samples are read; when a rank runs "
+                 "out the ranks share what is left, so fewer than "
+                 f"{plan.ranks} sample(s) are dropped or repeated per epoch")
+    return "\n".join(lines)

@@ -81,35 +81,59 @@ def split_parts(payload: bytes, *, source: str = "<state_dict>") -> list[bytes]:
 
 
 def part_info(rank: int, manifest: dict[str, Any], data: bytes | Iterable[bytes]) -> dict[str, Any]:
-    """What the distributed manifest records of one rank's part: its bytes, or its pieces in order (read
-    once, so they may be chunks read back from the written file)."""
+    """What the index records of one rank's part: its bytes, or its pieces in order (read once, so they may
+    be chunks read back from the written file), and its manifest: rank 0's whole, any other rank's positions
+    only (:func:`positions`), all the index takes from it."""
     pieces = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
     digest, size = hashlib.sha256(), 0
     for piece in pieces:
         digest.update(piece)
         size += len(piece)
     return {"rank": rank, "file": schema.part_name(rank), "sha256": digest.hexdigest(), "size": size,
-            "manifest": manifest}
+            "manifest": manifest if rank == 0 else positions(manifest)}
+
+
+#: What the index takes from a part's manifest besides rank 0's (its graph, seeds and versions).
+_POSITIONS = ("loader", "service", "upstream")
+
+
+def positions(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """A part's manifest as the index reads it: where the rank stands and the logical shards it ran (by
+    index: the others' are absent, not null). Small whatever the number of ranks: a part's manifest lists
+    a seed and a place for every logical shard of the job, which rank 0's index has once."""
+    record = {key: manifest[key] for key in _POSITIONS if key in manifest}
+    record["shards"] = {str(i): shard for i, shard in enumerate(manifest.get("shards") or ()) if shard is not None}
+    return record
 
 
 def distributed_manifest(infos: Sequence[Mapping[str, Any]], *, save: str | None = None) -> dict[str, Any]:
     """The index of a distributed snapshot: rank 0's manifest, with every rank's shards and its parts.
 
-    ``save`` is the id of the save, which every part carries too (in its own manifest).
+    ``save`` is the id of the save, which every part carries too (in its own manifest). Only rank 0's
+    manifest is read whole; of the others, the positions (:func:`positions`): the time it takes grows
+    with the ranks' logical shards, not with the job's.
     """
-    manifests = [schema.Manifest.from_dict(info["manifest"], source=f"rank {info['rank']}") for info in infos]
-    first = manifests[0]
-    shards: list[schema.ShardPosition | None] = []
+    first = schema.Manifest.from_dict(infos[0]["manifest"], source="rank 0")
+    shards: list[schema.ShardPosition | None] = [None] * len(first.shards)
     owners: dict[str, schema.Owner] = {}
-    for info, manifest in zip(infos, manifests):
-        for index, shard in enumerate(manifest.shards):
-            while len(shards) <= index:
-                shards.append(None)
-            if shard is not None:
-                shards[index] = shard
-        for shard_key, owner in manifest.service.owners.items():
-            owners[shard_key] = schema.Owner(worker=owner.worker, rank=int(info["rank"]))
-    loaders = [m.loader for m in manifests]
+    loaders, upstream, ranks = [], [], []
+    for info in infos:
+        rank = int(info["rank"])
+        record = info["manifest"]
+        if not isinstance(record.get("shards"), Mapping):  # a whole manifest: rank 0's
+            record = positions(record)
+        where = f"rank {rank}"
+        loader = schema.LoaderPosition.from_dict(record.get("loader"), f"{where}: loader")
+        service = schema.ServiceLayout.from_dict(record.get("service"), f"{where}: service")
+        for key, shard in record.get("shards", {}).items():
+            index = int(key)
+            shards.extend([None] * (index + 1 - len(shards)))
+            shards[index] = schema.ShardPosition.from_dict(shard, f"{where}: shards[{index}]")
+        for shard_key, owner in service.owners.items():
+            owners[shard_key] = schema.Owner(worker=owner.worker, rank=rank)
+        upstream += [schema.UpstreamPosition.from_dict(u, f"{where}: upstream") for u in record.get("upstream", ())]
+        loaders.append(loader)
+        ranks.append(schema.RankPosition(rank, loader, _handout(service)))
     combined = dataclasses.replace(
         first,
         loader=schema.LoaderPosition(epoch=loaders[0].epoch, yielded=sum(x.yielded for x in loaders),
@@ -118,8 +142,8 @@ def distributed_manifest(infos: Sequence[Mapping[str, Any]], *, save: str | None
         service=dataclasses.replace(first.service, rank=None, ranks=len(infos), owners=owners,
                                     extra={k: v for k, v in first.service.extra.items() if k != schema.HANDOUT}),
         shards=tuple(shards),
-        upstream=tuple(u for m in manifests for u in m.upstream),
-        ranks=tuple(schema.RankPosition(int(info["rank"]), m.loader, _handout(m)) for info, m in zip(infos, manifests)),
+        upstream=tuple(upstream),
+        ranks=tuple(ranks),
         parts=tuple(schema.PartRecord(int(i["rank"]), i["file"], i["sha256"], int(i["size"])) for i in infos),
         payload=None,
         save=save,
@@ -127,8 +151,8 @@ def distributed_manifest(infos: Sequence[Mapping[str, Any]], *, save: str | None
     return combined.to_dict()
 
 
-def _handout(manifest: schema.Manifest) -> schema.Handout | None:
-    record = manifest.service.extra.get(schema.HANDOUT)
+def _handout(service: schema.ServiceLayout) -> schema.Handout | None:
+    record = service.extra.get(schema.HANDOUT)
     return None if record is None else schema.Handout.from_dict(record, "service.handout")
 
 

@@ -87,7 +87,7 @@ def save_directory(collective: Any, source: LoaderState, dest: str, key: bytes |
     manifest, infos = multipart.write_part(collective, source, part, token, key,
                                            on_failure=lambda: _fsspec.remove(f"{url}/{token}"))
     error = None
-    if collective.rank == 0:
+    if infos is not None:  # rank 0
         try:
             previous = None
             if _fsspec.exists(_index(url)):

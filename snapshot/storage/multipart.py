@@ -174,10 +174,11 @@ def save_directory(collective: Any, source: LoaderState, dest: Any, key: bytes |
 
 
 def write_part(collective: Any, source: LoaderState, path: str, token: str, key: bytes | str | None, *,
-               on_failure: Callable[[], None] | None = None) -> tuple[schema.Manifest, list[dict[str, Any]]]:
-    """This rank's part of the save ``token``, encoded straight into ``path`` (a path or a URL); then every
-    rank's record of its part (a collective), or a :class:`RankError` on every rank, naming each rank that
-    could not write (after ``on_failure()``, on rank 0: remove what the ranks wrote)."""
+               on_failure: Callable[[], None] | None = None) -> tuple[schema.Manifest, list[dict[str, Any]] | None]:
+    """This rank's part of the save ``token``, encoded straight into ``path`` (a path or a URL); then, on rank
+    0, every rank's record of its part (``None`` on the others: a collective), or a :class:`RankError` on
+    every rank, naming each rank that could not write (after ``on_failure()``, on rank 0: remove what the
+    ranks wrote). Every rank learns of a failure from one small all-reduce; only rank 0 gets the records."""
     error: str | None = None
     failure: BaseException | None = None
     info: dict[str, Any] = {}
@@ -186,16 +187,15 @@ def write_part(collective: Any, source: LoaderState, path: str, token: str, key:
         manifest, info = _stream.write_part(source, path, rank=collective.rank, save=token, key=key)
     except (OSError, SnapshotError) as exc:
         error, failure = f"{type(exc).__name__}: {exc}", exc
-    infos = collective.all_gather({**info, "rank": collective.rank, "error": error}, "writing the parts of a snapshot")
-    failed = [i for i in infos if i["error"]]
-    if failed:
+    if not collective.all_reduce_min(int(error is None), "writing the parts of a snapshot"):
+        errors = collective.all_gather(error, "writing the parts of a snapshot")
         if on_failure is not None and collective.rank == 0:
             on_failure()
         raise RankError("the snapshot was not written (the previous one is intact): " +
-                        "; ".join(f"rank {i['rank']} could not write its part: {i['error']}" for i in failed)
+                        "; ".join(f"rank {rank} could not write its part: {e}" for rank, e in enumerate(errors) if e)
                         ) from failure
     assert manifest is not None
-    return manifest, infos
+    return manifest, collective.gather(info, "gathering the records of a snapshot's parts")
 
 
 def _save_parts(collective: Any, directory: str, source: LoaderState, dest: Any,
@@ -203,7 +203,7 @@ def _save_parts(collective: Any, directory: str, source: LoaderState, dest: Any,
     path = os.path.join(directory, part_name(collective.rank))
     manifest, infos = write_part(collective, source, path, token, key)
     error = None
-    if collective.rank == 0:
+    if infos is not None:  # rank 0
         try:
             _atomic.atomic_write(os.path.join(directory, MANIFEST),
                                  format.pack(distributed_manifest(infos, save=token), b"", key=key))

@@ -8,7 +8,8 @@ its figures to ``OUT/<mode>.rank<r>.json``, measured around the one call (after 
 
 - bytes read: ``/proc/self/io`` rchar (every ``read()`` of the process, the snapshot's files included);
 - peak RSS growth: ``ru_maxrss`` after the call minus before it;
-- the time, after a barrier.
+- the time, after a barrier, and the CPU time of the rank's process (``getrusage``: user and system),
+  which does not grow when more ranks than cores share the machine.
 
 The graph is the one of issue 31: ``range(N) -> sharding_filter -> map(8 KiB bytes) ->
 shuffle(buffer_size=512) -> map``, so a rank's part is about 4 MiB whatever the number of ranks.
@@ -61,20 +62,29 @@ def maxrss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def cpu() -> float:
+    """CPU seconds this process has used (user and system): unlike wall time, not inflated when the ranks
+    share fewer cores than there are ranks."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 class Measure:
-    """Time, bytes read and peak RSS growth of what runs inside ``with``."""
+    """Time, CPU time, bytes read and peak RSS growth of what runs inside ``with``."""
 
     def __enter__(self) -> Measure:
-        self.rss, self.read, self.start = maxrss(), rchar(), time.perf_counter()
+        self.rss, self.read, self.cpu, self.start = maxrss(), rchar(), cpu(), time.perf_counter()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.seconds = time.perf_counter() - self.start
+        self.cpu = cpu() - self.cpu
         self.read = rchar() - self.read
         self.rss = maxrss() - self.rss
 
     def figures(self, name: str) -> dict[str, Any]:
-        return {f"{name}_s": self.seconds, f"{name}_read": self.read, f"{name}_rss": self.rss}
+        return {f"{name}_s": self.seconds, f"{name}_cpu": self.cpu, f"{name}_read": self.read,
+                f"{name}_rss": self.rss}
 
 
 def state_size(state: Any) -> int:

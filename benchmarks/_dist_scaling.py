@@ -122,9 +122,10 @@ def report(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Print the tables and the budgets; the budget verdicts."""
     saves = [r for r in rows if r["how"] == "save"]
     print("saves (after 300 samples a rank; per rank: median over the ranks / largest):")
-    print(table(["ranks", "save s (max)", "save RSS MiB", "state_dict() MiB", "state_dict() RSS MiB",
+    print(table(["ranks", "save s (max)", "save CPU s", "save RSS MiB", "state_dict() MiB", "state_dict() RSS MiB",
                  "state_dict() s (max)", "dcp.save s (max)", "dcp.save RSS MiB"],
-                [[r["ranks"], f"{summary(r, 'save_s')[1]:.3f}", _mib(summary(r, "save_rss")[0]),
+                [[r["ranks"], f"{summary(r, 'save_s')[1]:.3f}",
+                  f"{summary(r, 'save_cpu')[0]:.3f} / {summary(r, 'save_cpu')[1]:.3f}", _mib(summary(r, "save_rss")[0]),
                   f"{_mib(summary(r, 'state_dict_size')[0])} / {_mib(summary(r, 'state_dict_size')[1])}",
                   f"{_mib(summary(r, 'state_dict_rss')[0])} / {_mib(summary(r, 'state_dict_rss')[1])}",
                   f"{summary(r, 'state_dict_s')[1]:.3f}", f"{summary(r, 'dcp_save_s')[1]:.3f}",
@@ -133,11 +134,12 @@ def report(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     print()
     print("restores to the first sample (per rank: median over the ranks / largest):")
     restores = [r for r in rows if r["how"] != "save"]
-    print(table(["saved -> ranks", "from", "bytes read MiB", "peak RSS growth MiB", "time s"],
+    print(table(["saved -> ranks", "from", "bytes read MiB", "peak RSS growth MiB", "time s", "CPU s"],
                 [[f"{r['saved']} -> {r['ranks']}", "directory" if r["how"] == "restore" else "DCP",
                   f"{_mib(summary(r, 'restore_read')[0])} / {_mib(summary(r, 'restore_read')[1])}",
                   f"{_mib(summary(r, 'restore_rss')[0])} / {_mib(summary(r, 'restore_rss')[1])}",
-                  f"{summary(r, 'restore_s')[0]:.3f} / {summary(r, 'restore_s')[1]:.3f}"] for r in restores]))
+                  f"{summary(r, 'restore_s')[0]:.3f} / {summary(r, 'restore_s')[1]:.3f}",
+                  f"{summary(r, 'restore_cpu')[0]:.3f} / {summary(r, 'restore_cpu')[1]:.3f}"] for r in restores]))
     return budgets(rows)
 
 

@@ -165,7 +165,7 @@ def _service(view: View) -> list[str]:
                 for s in view.shards]
         lines.extend(table(header, rows, right=[1, 2, 4, 5]))
     if view.ranks:
-        keys = list(dict.fromkeys(key for rank in view.ranks for key in rank if key != "rank"))
+        keys = list(dict.fromkeys(key for rank in view.ranks for key in rank if key not in ("rank", "handout")))
         rows = [[_compact(rank.get("rank", i)), *(_cell(rank.get(key)) for key in keys)]
                 for i, rank in enumerate(view.ranks)]
         lines.extend(table(["rank", *(key.replace("_", " ") for key in keys)], rows,

@@ -82,3 +82,25 @@ def test_on_other_rank_counts_each_rank_reads_the_parts_of_its_units(tmp_path: A
         assert rest + seen == Counter(range(SAMPLES)), f"{ranks} ranks: not every sample exactly once"
         following = Counter(x for r in after for x in r["next"])
         assert following == Counter(range(SAMPLES))
+
+
+def restore_or_error(rank: int, world: int, directory: str) -> str:
+    ranks = snapshot.DistributedReadingService(timeout=300, even_batches=None)
+    with snapshot.DataLoader2(graph(), reading_service=ranks) as loader:
+        try:
+            loader.restore_snapshot(directory)
+        except snapshot.SnapshotError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return "restored"
+
+
+def test_a_missing_part_is_an_error_on_every_rank_at_once(tmp_path: Any) -> None:
+    directory = str(tmp_path / "data.snap")
+    run_ranks(4, uninterrupted, directory, pg_timeout=30)
+    os.remove(os.path.join(directory, "rank-00002.snap"))
+    # only rank 2 reads that part; the loader's group timeout is 300 s, the harness waits 150: nobody waits it out
+    outcomes = run_ranks(4, restore_or_error, directory, pg_timeout=300, timeout=150)
+    assert outcomes[2].startswith("SnapshotFileError") and "rank-00002.snap (rank 2), which is missing" in outcomes[2]
+    for rank in (0, 1, 3):
+        assert outcomes[rank].startswith("RankError: the snapshot could not be read on every rank"), outcomes[rank]
+        assert "rank 2: SnapshotFileError" in outcomes[rank] and "rank-00002.snap" in outcomes[rank]

@@ -144,11 +144,14 @@ def run(ranks: int, repeat: int = 3) -> dict[str, Any]:
         plans.append({"ranks": target, **median, "parts_per_rank": parts})
         if target < ranks:
             total = median["read_s"] + median["plan_s"]
-            verdicts.append({"budget": "plan time", "value": total, "pass": total < PLAN_BUDGET_S})
+            alone = median["plan_s"]
+            verdicts.append({"budget": "plan time", "value": alone, "pass": alone < PLAN_BUDGET_S})
+            verdicts.append({"budget": "index read and plan time", "value": total, "pass": total < PLAN_BUDGET_S})
     print(table(["restore (CPU seconds)", "read index s", "plan s", "a rank's total s", "every rank's entry s",
                  "parts read a rank", "mean"], rows))
-    print(f"budgets: the index of {ranks} x {WORKERS} under {INDEX_BUDGET / 1e6:g} MB: "
-          f"{'PASS' if verdicts[0]['pass'] else 'FAIL'}; a rank's plan (index read and planned) "
-          f"{ranks} -> {ranks * 3 // 4} under {PLAN_BUDGET_S:g} s: {'PASS' if verdicts[1]['pass'] else 'FAIL'}")
+    verdict = {v["budget"]: "PASS" if v["pass"] else "FAIL" for v in verdicts}
+    print(f"budgets: the index of {ranks} x {WORKERS} under {INDEX_BUDGET / 1e6:g} MB: {verdict['index size']}; "
+          f"{ranks} -> {ranks * 3 // 4} under {PLAN_BUDGET_S:g} s: the plan {verdict['plan time']}, the index read "
+          f"and the plan {verdict['index read and plan time']}")
     return {"ranks": ranks, "workers": WORKERS, "index_bytes": size, "index_build_s": built, "plans": plans,
             "budgets": verdicts}

@@ -31,7 +31,7 @@ from snapshot.container.capture import LoaderState
 from snapshot.errors import RankError
 from snapshot.storage import _stream
 
-__all__ = ["EVERY_RANK", "LOAD", "RANK_ZERO", "caller", "load_keys", "ranks_state_dict"]
+__all__ = ["EVERY_RANK", "LOAD", "RANK_ZERO", "caller", "encode_part", "load_keys", "load_template", "ranks_state_dict"]
 
 #: Who asks for the state dict: a writer of every rank's state (DCP's save), DCP's load (which asks
 #: for the keys to read), or anyone else (who is taken to write rank 0's state).

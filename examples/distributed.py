@@ -7,7 +7,7 @@
 Each rank trains a small model with ``DistributedDataParallel`` (gloo, CPU) on its share of a
 sharded DataPipe graph, read through ``snapshot.DistributedReadingService``. Every
 ``SAVE_EVERY`` steps the ranks checkpoint the model, the optimizer and the loader together:
-``loader.state_dict()`` is collective (every rank calls it, and every rank gets every rank's
+``loader.state_dict()`` is collective (every rank calls it, and rank 0's holds every rank's
 part), and rank 0 writes one file atomically. A run started when the checkpoint exists
 resumes from it, on any number of ranks (when it does not divide ``LOGICAL_SHARDS``, the
 logical shards are split into sub-shards, so the ranks' shares stay equal).

@@ -4,7 +4,10 @@
 ``--modes 0,2`` (in-process, 2 workers), ``--positions 0.1,0.5,0.9``, ``--peer-python NAME=PYTHON``
 (repeatable) or ``--peers-dir DIR``; see ``benchmarks/io.py``. ``scale`` takes ``--items bytes,arrays``,
 ``--only 157`` (just the case of the save budgets, 10 000 x 16 KiB) and ``--large``; see
-``benchmarks/scale.py``. ``all`` runs ``io`` and ``scale`` at their defaults.
+``benchmarks/scale.py``. ``distributed`` takes ``--ranks 2,4,8,16`` (torchrun jobs of those sizes: per-rank
+bytes read, memory and times, restored on the same and the neighbouring counts) and ``--simulate 1024``
+(the index of 1,024 ranks x 8 workers, planned onto 768 and 1,280 in one process); see
+``benchmarks/distributed.py``. ``all`` runs ``io`` and ``scale`` at their defaults.
 """
 
 from __future__ import annotations
@@ -40,15 +43,23 @@ def main() -> None:
                        help="scale: run one case: 157 (10000x16KiB, the case of the save budgets) or BUFFERxSIZE, "
                             "e.g. 100x16KiB")
     group.add_argument("--large", action="store_true", help="scale: also run 10000 x 256 KiB (2.6 GB per copy)")
+    group = parser.add_argument_group("distributed")
+    group.add_argument("--ranks", help="distributed: rank counts, comma-separated (2,4,8,16): torchrun jobs on "
+                                       "127.0.0.1, per-rank costs against R")
+    group.add_argument("--simulate", type=int, metavar="RANKS",
+                       help="distributed: build the index of RANKS x 8 workers in one process and plan its restore "
+                            "onto 0.75x and 1.25x the ranks")
     args = parser.parse_args()
     io_options = {"size": args.size, "pipelines": args.pipelines, "modes": args.modes,
                   "peer_python": args.peer_python, "peers_dir": args.peers_dir,
                   "positions": tuple(float(p) for p in args.positions.split(","))}
     scale_options = {"items": args.items, "only": args.only, "large": args.large}
+    distributed_options = {"ranks": [int(r) for r in args.ranks.split(",")] if args.ranks else None,
+                           "simulate": args.simulate}
     chosen = list(SUITES) if args.which == "all" else [args.which]
     results = {}
     for name in chosen:
-        options = {"io": io_options, "scale": scale_options}.get(name, {})
+        options = {"io": io_options, "scale": scale_options, "distributed": distributed_options}.get(name, {})
         results[name] = SUITES[name](repeat=args.repeat, **options)  # type: ignore[operator]
         print()
     if args.json:

@@ -1,4 +1,9 @@
-"""Snapshots across ranks: 4 ranks x 1 worker on one machine (gloo on 127.0.0.1).
+"""Snapshots across ranks, on one machine (gloo on 127.0.0.1).
+
+``python -m benchmarks distributed --ranks 2,4,8,16`` measures per-rank costs against the number of ranks
+(torchrun jobs; :mod:`benchmarks._dist_scaling`), and ``--simulate 1024`` builds the index of a
+1,024-rank x 8-worker job in one process and plans its restore (:mod:`benchmarks._dist_simulate`).
+Without either, 4 ranks x 1 worker:
 
 Each rank runs the workers benchmark's graph with
 ``SequentialReadingService(DistributedReadingService(), MultiProcessingReadingService(1))``
@@ -67,7 +72,26 @@ def _rank(rank: int, port: int, directory: str, repeat: int, conn: Any) -> None:
     dist.destroy_process_group()
 
 
-def run(repeat: int = 3, json_path: str | None = None) -> dict[str, Any]:
+def run(repeat: int = 3, json_path: str | None = None, ranks: list[int] | None = None,
+        simulate: int | None = None) -> dict[str, Any]:
+    if ranks is None and simulate is None:
+        return _four_ranks(repeat, json_path)
+    payload: dict[str, Any] = {"benchmark": "distributed"}
+    if ranks is not None:
+        from benchmarks import _dist_scaling
+
+        payload["scaling"] = _dist_scaling.run(ranks)
+    if simulate is not None:
+        from benchmarks import _dist_simulate
+
+        if ranks is not None:
+            print()
+        payload["simulate"] = _dist_simulate.run(simulate, repeat=repeat)
+    save_json(json_path, payload)
+    return payload
+
+
+def _four_ranks(repeat: int, json_path: str | None) -> dict[str, Any]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -20,7 +20,7 @@ stay equal).
 
 (The other way to keep them together is one file or one ``torch.distributed.checkpoint``
 directory that holds both: ``{"model": ..., "data": loader.state_dict()}``. It gathers every
-rank's data position on every rank, where ``save_snapshot`` writes each rank's part once.)
+rank's data position on rank 0, where ``save_snapshot`` writes each rank's part once.)
 
 Every rank logs the sample ids of each step to ``WORKDIR/log-<run>-rank<r>.jsonl``;
 ``--check`` reads the logs and proves that, over the crashed run (up to its last checkpoint)

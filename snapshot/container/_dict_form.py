@@ -30,7 +30,7 @@ from snapshot.container.format import (
 )
 from snapshot.errors import CorruptSnapshotError, ForeignFileError, SignatureError
 
-__all__ = ["from_state_dict", "to_state_dict"]
+__all__ = ["from_state_dict", "read_manifest", "to_state_dict"]
 
 
 def _state_dict_mac(secret: bytes, manifest: Mapping[str, Any]) -> str:
@@ -40,21 +40,25 @@ def _state_dict_mac(secret: bytes, manifest: Mapping[str, Any]) -> str:
     return hmac.new(secret, canonical.encode(), hashlib.sha256).hexdigest()
 
 
-def to_state_dict(manifest: Mapping[str, Any], payload: bytes, *, key: bytes | str | None = None) -> dict[str, Any]:
+def to_state_dict(manifest: Mapping[str, Any], payload: bytes | None, *,
+                  key: bytes | str | None = None) -> dict[str, Any]:
     """The plain-dict form of a snapshot (survives ``torch.save``/``torch.load``).
 
-    Always the same three keys, whatever the graph, position or number of ranks: frameworks
-    that flatten nested dicts into keys (``torch.distributed.checkpoint``) need a loader's
-    state to have the same keys when saved and when loaded. The manifest is JSON text. With a
-    key (or ``$SNAPSHOT_KEY``) the manifest carries an HMAC of itself, which covers the
-    payload through the digest it records.
+    Always the same three keys, whatever the graph or position: frameworks that flatten nested
+    dicts into keys (``torch.distributed.checkpoint``) need a loader's state to have the same keys
+    when saved and when loaded. The manifest is JSON text. With a key (or ``$SNAPSHOT_KEY``) the
+    manifest carries an HMAC of itself, which covers the payload through the digest it records.
+    ``payload=None`` is the index of a distributed snapshot's state dict, which holds no payload (its
+    parts are beside it: :mod:`snapshot.container._parts`): the marker and the manifest only.
     """
     manifest = dict(manifest)
     secret = resolve_key(key)
     if secret is not None:
         manifest[SIGNATURE] = _state_dict_mac(secret, manifest)
-    return {STATE_DICT_MARKER: manifest.get(FORMAT, FORMAT_VERSION), "manifest": json.dumps(manifest),
-            "payload": payload}
+    state = {STATE_DICT_MARKER: manifest.get(FORMAT, FORMAT_VERSION), "manifest": json.dumps(manifest)}
+    if payload is not None:
+        state["payload"] = payload
+    return state
 
 
 def from_state_dict(state: Any, *, source: str = "<state_dict>", key: bytes | str | None = None) -> Container:
@@ -63,6 +67,22 @@ def from_state_dict(state: Any, *, source: str = "<state_dict>", key: bytes | st
     With a key (or ``$SNAPSHOT_KEY``) an unsigned or altered state dict is refused before
     anything is unpickled.
     """
+    container = read_manifest(state, source=source, key=key)
+    payload = state.get("payload")
+    if not isinstance(payload, (bytes, bytearray)):
+        raise CorruptSnapshotError("the state dict lacks its 'payload' bytes", source=source)
+    recorded = container.info.payload.sha256 if container.info.payload is not None else None
+    if recorded != hashlib.sha256(payload).hexdigest():
+        raise CorruptSnapshotError(
+            "the payload checksum does not match the manifest: the state dict was altered; "
+            "nothing was unpickled", source=source,
+        )
+    return Container(container.manifest, bytes(payload), container.signed, len(payload), container.info)
+
+
+def read_manifest(state: Any, *, source: str = "<state_dict>", key: bytes | str | None = None) -> Container:
+    """The verified manifest of a state dict (its format, its signature with a key, its fields), in a
+    :class:`Container` without a payload: all a distributed state dict's index is."""
     if not isinstance(state, Mapping) or STATE_DICT_MARKER not in state:
         keys = sorted(map(str, state.keys()))[:6] if isinstance(state, Mapping) else None
         hint = ""
@@ -74,11 +94,8 @@ def from_state_dict(state: Any, *, source: str = "<state_dict>", key: bytes | st
         )
     version = schema.check_format(state[STATE_DICT_MARKER], source)
     manifest_text = state.get("manifest")
-    payload = state.get("payload")
-    if not isinstance(manifest_text, str) or not isinstance(payload, (bytes, bytearray)):
-        raise CorruptSnapshotError(
-            "the state dict lacks its 'manifest' JSON text or its 'payload' bytes", source=source,
-        )
+    if not isinstance(manifest_text, str):
+        raise CorruptSnapshotError("the state dict lacks its 'manifest' JSON text", source=source)
     try:
         manifest_bytes = manifest_text.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -97,11 +114,4 @@ def from_state_dict(state: Any, *, source: str = "<state_dict>", key: bytes | st
             raise SignatureError(
                 "the signature does not match this key: the state dict was signed with another key or "
                 "altered after signing. Do not restore it.", source=source)
-    info = _validate(manifest, source)
-    recorded = info.payload.sha256 if info.payload is not None else None
-    if recorded != hashlib.sha256(payload).hexdigest():
-        raise CorruptSnapshotError(
-            "the payload checksum does not match the manifest: the state dict was altered; "
-            "nothing was unpickled", source=source,
-        )
-    return Container(manifest, bytes(payload), signed, len(payload), info)
+    return Container(manifest, None, signed, 0, _validate(manifest, source))

@@ -180,13 +180,15 @@ class Snapshot:
         return format.pack(self.manifest, self._payload, key=key)
 
     def state_dict(self, *, key: bytes | str | None = None) -> dict[str, Any]:
-        """The plain-dict form ``{"snapshot_format", "manifest", "payload"}``, signed with ``key``/``$SNAPSHOT_KEY``."""
+        """The plain-dict form ``{"snapshot_format", "manifest", "payload"}``, or a distributed snapshot's
+        ``{"snapshot_format", "manifest", "parts"}``, signed with ``key``/``$SNAPSHOT_KEY``."""
         if self.parts is not None:
             if len(self.parts) != len(self.info.parts):
                 raise SnapshotFileError("read for one rank's restore (some parts): load all of it to write it again")
             blobs = [part.to_bytes(key=key) for part in self.parts]  # each part signed like the whole
             infos = [_parts.part_info(rank, p.manifest, blob) for rank, (p, blob) in enumerate(zip(self.parts, blobs))]
-            return _parts.parts_state_dict(infos, blobs, key=key)
+            return _parts.parts_state_dict(_parts.distributed_manifest(infos, save=self.info.save),
+                                           {info["file"]: blob for info, blob in zip(infos, blobs)}, key=key)
         return _dict_form.to_state_dict(self.manifest, self._payload, key=key)
 
     @classmethod

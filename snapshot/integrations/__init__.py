@@ -8,10 +8,12 @@
   or >= 0.10) and `as_node` (a `torchdata.nodes` node);
   `pip install "datapipe-snapshot[torchdata-nodes]"`.
 
-``torch.distributed.checkpoint`` needs no module: a :class:`~snapshot.DataLoader2` is
-``Stateful`` as it is (see the DCP how-to).
+- `snapshot.integrations.dcp`: `load` (``torch.distributed.checkpoint.load`` reading each rank's
+  parts only); a :class:`~snapshot.DataLoader2` is ``Stateful`` as it is, so ``dcp.save`` needs
+  nothing (see the DCP how-to).
 
 Importing :mod:`snapshot` imports none of these tools; importing one of these modules
 without its tool raises an ``ImportError`` that names the extra to install. The modules use
-only the public API of :mod:`snapshot`.
+only the public API of :mod:`snapshot`, but for ``dcp``, which asks the loader's state-dict module
+(``snapshot.loader._state_dict``) which keys of a saved state a rank reads.
 """

@@ -18,11 +18,11 @@ What accelerate (1.x) does with it: ``save_state`` calls ``state_dict()`` of eve
 object *on every process* and the main process writes ``custom_checkpoint_<i>.pkl`` with
 ``torch.save``; ``load_state`` has every process ``torch.load`` that file (with
 ``weights_only=False``) and call ``load_state_dict``. In a distributed run the loader's
-``state_dict()`` is a collective that returns every rank's part on every rank, so the one
-file the main process writes restores every rank, and restores onto another number of
-processes. Hence the caveat: call ``save_state`` on every process, as accelerate documents
-(never under ``if accelerator.is_main_process``): a rank that skips it leaves the others
-waiting until the loader's ``timeout``, then :class:`~snapshot.RankError`.
+``state_dict()`` is a collective that gathers every rank's part on rank 0 (the main process),
+so the one file it writes restores every rank, and restores onto another number of processes.
+Hence the caveat: call ``save_state`` on every process, as accelerate documents (never under
+``if accelerator.is_main_process``): a rank that skips it leaves the others waiting until the
+loader's ``timeout``, then :class:`~snapshot.RankError`.
 
 Do not pass the loader to ``accelerator.prepare``: it is not a ``torch.utils.data.DataLoader``
 (accelerate returns it untouched), and batches are not moved to the device for you.

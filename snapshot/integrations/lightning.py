@@ -89,7 +89,9 @@ class LightningLoader:
     ``state_dict()`` holds the loader's state dict plus the batches Lightning's fetcher took
     ahead of ``trainer``'s training loop; ``load_state_dict()`` restores the loader and hands
     those batches out first. In a distributed run ``state_dict()`` is a collective (Lightning
-    calls it on every rank when it writes a checkpoint). A checkpoint resumes on another number
+    calls it on every rank when it writes a checkpoint) that gathers every rank's part of the
+    loader's state, and the batches each rank's fetcher took ahead, on rank 0, whose state
+    Lightning writes. A checkpoint resumes on another number
     of ranks as the distributed service allows; mid-epoch, the batches the saved ranks' fetchers
     took ahead are dealt to the new ranks as evenly as they can be, and the loader's restore
     counts them when it evens out the new ranks' shares of the rest of the epoch, so every rank
@@ -214,12 +216,11 @@ def _rank_and_world(loader: snapshot.DataLoader2[Any]) -> tuple[int, int]:
 
 
 def _gather(pending: list[Any], loader: snapshot.DataLoader2[Any]) -> list[list[Any]]:
-    """Every rank's batches taken ahead, in rank order (on every rank)."""
+    """Every rank's batches taken ahead, in rank order, on rank 0 (the rank whose state Lightning writes;
+    the other ranks' states hold none)."""
     rank, world = _rank_and_world(loader)
     if world == 1:
         return [pending]
-    import torch.distributed as dist
-
-    gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, pending)
-    return gathered
+    collective = loader.reading_service.collective  # type: ignore[attr-defined]
+    gathered = collective.gather(pending, "gathering the batches Lightning's fetcher took ahead")
+    return gathered if gathered is not None else []

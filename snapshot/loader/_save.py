@@ -12,6 +12,7 @@ from snapshot.container.format import PathOrFile
 from snapshot.engine.plan import check_restorable
 from snapshot.errors import RankError, WorkerError
 from snapshot.hooks import hook_for
+from snapshot.loader import _state_dict
 from snapshot.loader._graph_copy import GraphCopy
 from snapshot.loader._position import LivePosition
 from snapshot.loader._service import LoaderService
@@ -19,7 +20,6 @@ from snapshot.schema.manifest import check_metadata
 from snapshot.storage import _fsspec, _object_directory, _rotation, _staging, multipart
 from snapshot.storage._background import BackgroundSaver
 from snapshot.storage._io import save, write
-from snapshot.storage.multipart import part_info, parts_state_dict
 
 __all__ = ["Saver", "check_keep_last"]
 
@@ -165,13 +165,13 @@ class Saver:
         return self.background.submit(background, path)
 
     def state_dict(self) -> dict[str, Any]:
-        """``loader.state_dict()``: across ranks, every rank's part on every rank (DCP keeps one copy)."""
+        """``loader.state_dict()``; across ranks, every rank's part gathered where it is written, or each rank's
+        own (:mod:`snapshot.loader._state_dict`)."""
         self.graph.check_portable(strict=False)
-        snap = snapshot_of(self.source(include_graph=True))
         collective = self.service.collective()
+        writer = _state_dict.caller()
+        if collective is not None and writer == _state_dict.LOAD:
+            return _state_dict.load_template(collective)
         if collective is None:
-            return snap.state_dict()
-        data = snap.to_bytes()
-        gathered = collective.all_gather((snap.manifest, data), "gathering the loader's state")
-        infos = [part_info(rank, manifest, part) for rank, (manifest, part) in enumerate(gathered)]
-        return parts_state_dict(infos, [part for _, part in gathered])
+            return snapshot_of(self.source(include_graph=True)).state_dict()
+        return _state_dict.ranks_state_dict(collective, lambda: self.source(include_graph=True), writer=writer)

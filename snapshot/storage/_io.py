@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from snapshot import _progress, schema
-from snapshot.container import _dict_form, format
+from snapshot.container import _parts, format
 from snapshot.container.capture import LoaderState, Snapshot
-from snapshot.errors import CorruptSnapshotError, ManifestError
+from snapshot.errors import ManifestError
 from snapshot.storage import _atomic, _failures, _fsspec, _object_directory, _sources, _stream, multipart
 
 __all__ = ["is_directory", "load", "merge_parts", "save", "write"]
@@ -156,21 +156,10 @@ def load(src: Any, *, key: bytes | str | None = None, allow_pickle: bool = False
                              else multipart.read_parts(src, key=key, select=parts))
         return merge_parts(index.manifest, [_decode(c, str(src), trusted) for c in containers])
     if isinstance(src, Mapping):
-        container = _dict_form.from_state_dict(src, key=key)
         source = "<state_dict>"
-        if container.info.is_index:
-            assert container.payload is not None
-            blobs = multipart.split_parts(container.payload)
-            if len(blobs) != len(container.info.parts):
-                raise CorruptSnapshotError(
-                    f"the state dict's index lists {len(container.info.parts)} parts but its payload holds "
-                    f"{len(blobs)}", source=source)
-            chosen = multipart.selected(container, parts, source=source)
-            containers = [format.unpack(blobs[entry.rank], source=f"{source}: {entry.file}", key=key)
-                          for entry in chosen]
-            for entry, part in zip(chosen, containers):
-                multipart.check_part(container.info, entry, part.info, source=source)
-            return merge_parts(container.manifest, [_decode(part, source, trusted) for part in containers])
+        container, chosen = _parts.read_state_dict(src, key=key, source=source, select=parts)
+        if chosen is not None:
+            return merge_parts(container.manifest, [_decode(part, source, trusted) for part in chosen])
     elif isinstance(src, (bytes, bytearray, memoryview)):
         container = format.unpack(bytes(src), source="<bytes>", key=key)
         source = "<bytes>"

@@ -99,7 +99,7 @@ def _save(collective: Any, source: LoaderState, url: str, key: bytes | str | Non
     manifest, infos = multipart.write_part(collective, source, part, token, key,
                                            on_failure=lambda: _fsspec.remove(f"{url}/{token}"))
     error = None
-    if collective.rank == 0:
+    if infos is not None:  # rank 0
         error = _publish(url, infos, token, key)
     done = collective.broadcast(error, "publishing a snapshot")
     if done is not None:

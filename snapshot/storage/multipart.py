@@ -34,17 +34,19 @@ import hashlib
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from snapshot import schema
 from snapshot.container import format
 from snapshot.container._parts import (
+    Select,
     check_part,
     distributed_manifest,
     join_parts,
     part_info,
     parts_state_dict,
+    selected,
     split_parts,
 )
 from snapshot.container.capture import LoaderState, Snapshot
@@ -122,22 +124,6 @@ def read_index(src: str, *, key: bytes | str | None = None) -> format.Container:
         raise CorruptSnapshotError(
             f"{MANIFEST} lists no parts: it is not the index of a distributed snapshot", source=path)
     return index
-
-
-#: Which ranks' parts to read, given the index (``None``: all of them).
-Select = Callable[[schema.Manifest], Sequence[int] | None]
-
-
-def selected(index: format.Container, select: Select | None, *, source: str) -> list[schema.PartRecord]:
-    """The index's entries of the parts ``select`` names (all, without it or where it says ``None``)."""
-    entries = list(index.info.parts)
-    ranks = None if select is None else select(index.info)
-    if ranks is None:
-        return entries
-    missing = sorted(set(ranks) - set(range(len(entries))))
-    if missing:
-        raise CorruptSnapshotError(f"the index lists {len(entries)} parts, none for rank(s) {missing}", source=source)
-    return [entries[r] for r in sorted(set(ranks))]
 
 
 def _read_part(root: str, entry: schema.PartRecord, index: format.Container,
@@ -219,11 +205,12 @@ def not_saved(exc: RankError, dest: str, intact: str) -> RankError:
 
 def write_part(collective: Any, source: LoaderState, path: str, token: str, key: bytes | str | None, *,
                on_failure: Callable[[], None] | None = None,
-               failure: BaseException | None = None) -> tuple[schema.Manifest, list[dict[str, Any]]]:
-    """This rank's part of the save ``token``, encoded straight into ``path`` (a path or a URL); then every
-    rank's record of its part (a collective), or a :class:`RankError` on every rank, naming each rank that
-    could not write (after ``on_failure()``, on rank 0: remove what the ranks wrote). ``failure`` is why
-    this rank cannot write at all (it only takes part in the collective)."""
+               failure: BaseException | None = None) -> tuple[schema.Manifest, list[dict[str, Any]] | None]:
+    """This rank's part of the save ``token``, encoded straight into ``path`` (a path or a URL); then, on rank
+    0, every rank's record of its part (``None`` on the others: a collective), or a :class:`RankError` on
+    every rank, naming each rank that could not write (after ``on_failure()``, on rank 0: remove what the
+    ranks wrote). Every rank learns of a failure from one small all-reduce; only rank 0 gets the records.
+    ``failure`` is why this rank cannot write at all (it only takes part in the collectives)."""
     error: str | None = f"{type(failure).__name__}: {failure}" if failure is not None else None
     info: dict[str, Any] = {}
     manifest: schema.Manifest | None = None
@@ -232,15 +219,14 @@ def write_part(collective: Any, source: LoaderState, path: str, token: str, key:
             manifest, info = _stream.write_part(source, path, rank=collective.rank, save=token, key=key)
         except (OSError, SnapshotError) as exc:
             error, failure = f"{type(exc).__name__}: {exc}", exc
-    infos = collective.all_gather({**info, "rank": collective.rank, "error": error}, "writing the parts of a snapshot")
-    failed = [i for i in infos if i["error"]]
-    if failed:
+    if not collective.all_reduce_min(int(error is None), "writing the parts of a snapshot"):
+        errors = collective.all_gather(error, "writing the parts of a snapshot")
         if on_failure is not None and collective.rank == 0:
             on_failure()
-        raise RankError("; ".join(f"rank {i['rank']} could not write its part: {i['error']}" for i in failed)
+        raise RankError("; ".join(f"rank {rank} could not write its part: {e}" for rank, e in enumerate(errors) if e)
                         ) from failure
     assert manifest is not None
-    return manifest, infos
+    return manifest, collective.gather(info, "gathering the records of a snapshot's parts")
 
 
 def _save_parts(collective: Any, directory: str, source: LoaderState, dest: Any,
@@ -248,7 +234,7 @@ def _save_parts(collective: Any, directory: str, source: LoaderState, dest: Any,
     path = os.path.join(directory, part_name(collective.rank))
     manifest, infos = write_part(collective, source, path, token, key)
     error = None
-    if collective.rank == 0:
+    if infos is not None:  # rank 0
         try:
             _atomic.atomic_write(os.path.join(directory, MANIFEST),
                                  format.pack(distributed_manifest(infos, save=token), b"", key=key))

@@ -2,9 +2,10 @@
 
 Real gloo process groups (``tests/dist.py``): a DDP training loop on two ranks, one worker
 each, saves model, optimizer (with momentum), its step counter and the loader in one
-``dcp.save``; fresh ranks ``dcp.load`` it into fresh objects and must continue exactly (same
-batches, same final weights) on two ranks, and read every remaining sample of the
-interrupted epoch exactly once on three ranks or one, with the model and optimizer restored.
+``dcp.save``; fresh ranks load it (``snapshot.integrations.dcp.load``) into fresh objects and must
+continue exactly (same batches, same final weights) on two ranks, and read every remaining sample of
+the interrupted epoch exactly once on three ranks or one, with the model and optimizer restored.
+Each rank's part is written once, by that rank; no rank's state dict holds another's part.
 """
 
 from __future__ import annotations
@@ -60,8 +61,10 @@ def checkpoint_state(model: Any, optimizer: Any, loader: snapshot.DataLoader2[An
 def load(model: Any, optimizer: Any, loader: snapshot.DataLoader2[Any], checkpoint: str) -> int:
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
+    from snapshot.integrations import dcp as snapshot_dcp
+
     state = checkpoint_state(model, optimizer, loader, -1)
-    dcp.load(state, checkpoint_id=checkpoint)  # the loader's load_state_dict is called in place
+    snapshot_dcp.load(state, checkpoint_id=checkpoint)  # the loader's load_state_dict is called in place
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, optimizer, state["optimizer"])
     return int(state["progress"]["step"])
@@ -138,6 +141,64 @@ def test_onto_another_world_size_every_remaining_sample_once(saved_run, world: i
     for rank in restored:
         assert rank["step"] == SAVE_AT
         assert rank["restored"] == full[0]["saved"]  # the model and optimizer as they were at the save
+
+
+def test_each_rank_writes_its_own_part_once_and_rank_zero_the_index(saved_run) -> None:
+    checkpoint, _ = saved_run
+    metadata = dcp.FileSystemReader(checkpoint).read_metadata()
+    written = {index.fqn: info.relative_path for index, info in metadata.storage_data.items()
+               if index.fqn.startswith("data.")}
+    assert written == {"data.snapshot_format": written["data.snapshot_format"], "data.manifest": "__0_0.distcp",
+                       "data.parts.rank-00000.snap": "__0_0.distcp", "data.parts.rank-00001.snap": "__1_0.distcp"}
+
+
+class Recorded:
+    """A loader in DCP's state dict, recording what its ``state_dict()`` gave DCP."""
+
+    def __init__(self, loader: snapshot.DataLoader2[Any]) -> None:
+        self.loader = loader
+        self.given: dict[str, Any] = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        state = self.loader.state_dict()
+        self.given = {"keys": sorted(state), "parts": sorted(state.get("parts", {}))}
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+
+
+def given_to_dcp(rank: int, world: int, checkpoint: str) -> dict[str, Any]:
+    with snapshot.DataLoader2(make_graph(), reading_service=service(0, None)) as loader:
+        loader.seed(11)
+        it = iter(loader)
+        next(it)
+        recorded = Recorded(loader)
+        dcp.save({"data": recorded}, checkpoint_id=checkpoint)
+        return recorded.given
+
+
+def test_under_dcp_each_rank_s_state_dict_holds_its_own_part_only(tmp_path) -> None:
+    given = run_ranks(3, given_to_dcp, str(tmp_path / "ckpt"), timeout=180)
+    assert given[0] == {"keys": ["manifest", "parts", "snapshot_format"], "parts": ["rank-00000.snap"]}
+    for rank in (1, 2):
+        assert given[rank] == {"keys": ["parts", "snapshot_format"], "parts": [f"rank-0000{rank}.snap"]}
+
+
+def plain_load(rank: int, world: int, checkpoint: str) -> str:
+    with snapshot.DataLoader2(make_graph(), reading_service=service(0, None)) as loader:
+        try:
+            dcp.load({"data": loader}, checkpoint_id=checkpoint)
+        except Exception as exc:  # noqa: BLE001 - the message is the test's subject
+            return f"{type(exc).__name__}: {exc}"
+    return "loaded"
+
+
+def test_dcp_s_own_load_onto_fewer_ranks_says_to_use_ours(saved_run) -> None:
+    checkpoint, _ = saved_run
+    [message] = run_ranks(1, plain_load, checkpoint, timeout=180)
+    assert "holds 1 of the 2 parts its index lists, and not rank-00001.snap, which this restore reads" in message
+    assert "snapshot.integrations.dcp.load()" in message
 
 
 def test_the_how_to_script_runs_under_torchrun(tmp_path) -> None:

@@ -201,7 +201,7 @@ def test_state_dict_has_fixed_keys_and_restores_elsewhere(tmp_path) -> None:
     directory = str(tmp_path / "data.snap")
     path = str(tmp_path / "state.pt")
     before = run_ranks(2, save_at, 0, 6, directory, path, 6)
-    assert before[0]["manifest_keys"] == ["manifest", "payload", "snapshot_format"]
+    assert before[0]["manifest_keys"] == ["manifest", "parts", "snapshot_format"]
     after = run_ranks(3, restore_from, 0, path)
     check_restore(before, after, 6)
 

@@ -39,6 +39,12 @@ class Collective:
         self._run(what, lambda: dist.all_gather_object(out, value, group=self.group))
         return out
 
+    def gather(self, value: Any, what: str) -> list[Any] | None:
+        """Every rank's ``value`` on rank 0, in rank order; ``None`` on the other ranks."""
+        out: list[Any] | None = [None] * self.world if self.rank == 0 else None
+        self._run(what, lambda: dist.gather_object(value, out, dst=0, group=self.group))
+        return out
+
     def broadcast(self, value: Any, what: str) -> Any:
         box = [value if self.rank == 0 else None]
         self._run(what, lambda: dist.broadcast_object_list(box, src=0, group=self.group))

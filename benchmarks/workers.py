@@ -15,12 +15,18 @@ between them (``persistent_workers=True`` where the loader has the option):
 - ours: ``snapshot.DataLoader2`` with ``MultiProcessingReadingService(2)``.
 
 Then, for ours: ``save_snapshot`` mid-epoch with the workers running, and a restore onto 2
-fresh workers up to the first batch (process start included).
+fresh workers up to the first batch (process start included). Last, a restore onto W' = 3 and 4
+workers of a snapshot with L = 2 logical shards (more workers than shards: each shard is split
+into sub-shards from where it stood) against one of a snapshot with L = W' (nothing split), both
+saved at the same step by 2 workers: the time to the first batch and the bytes read (``rchar`` of
+the process and its workers: the file, and what they send each other), in interleaved rounds,
+medians reported.
 """
 
 from __future__ import annotations
 
 import gc
+import math
 import os
 import statistics
 import tempfile
@@ -33,6 +39,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 import snapshot
+from benchmarks._io_peer import rchar
 from benchmarks.common import ms, save_json, table
 
 SAMPLES = 16_384
@@ -134,6 +141,56 @@ def snapshot_latency(repeat: int) -> tuple[float, float, int, float]:
     return statistics.median(saves), statistics.median(restores), size, in_flight
 
 
+def saved_mid_epoch(path: str, logical_shards: int, steps: int = 60) -> None:
+    """A snapshot of 2 workers running ``logical_shards`` after ``steps`` batches, the workers running ahead."""
+    loader: snapshot.DataLoader2[Any] = snapshot.DataLoader2(
+        build(), reading_service=snapshot.MultiProcessingReadingService(2, logical_shards=logical_shards))
+    loader.seed(SEED)
+    try:
+        it = iter(loader)
+        for _ in range(steps):
+            next(it)
+        time.sleep(0.05)
+        loader.save_snapshot(path)
+    finally:
+        loader.shutdown()
+
+
+def restore_onto(path: str, workers: int) -> tuple[float, int]:
+    """Restore onto ``workers`` new workers: seconds and bytes read up to the first batch."""
+    read, start = rchar(), time.perf_counter()
+    restored: snapshot.DataLoader2[Any] = snapshot.DataLoader2(
+        build(), reading_service=snapshot.MultiProcessingReadingService(workers))
+    try:
+        restored.restore_snapshot(path)
+        next(iter(restored))
+        took, read = time.perf_counter() - start, rchar() - read  # (before the workers exit)
+    finally:
+        restored.shutdown()
+    return took, read
+
+
+def elastic(repeat: int, layouts: tuple[int, ...] = (3, 4)) -> dict[int, dict[str, tuple[float, int]]]:
+    """Per number of workers W' of ``layouts``: a snapshot of L = 2 (split) and one of L = W' (whole)
+    restored onto W' workers, in interleaved rounds: median seconds and bytes read to the first batch."""
+    runs: dict[tuple[int, str], list[tuple[float, int]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = {}
+        for workers in layouts:
+            for kind, shards in (("split", 2), ("whole", workers)):
+                paths[workers, kind] = os.path.join(tmp, f"{kind}-{workers}.snap")
+                saved_mid_epoch(paths[workers, kind], shards)
+        keys = list(paths)
+        for round_ in range(max(repeat, 3)):
+            for key in keys[round_ % len(keys):] + keys[:round_ % len(keys)]:
+                runs.setdefault(key, []).append(restore_onto(paths[key], key[0]))
+    out: dict[int, dict[str, tuple[float, int]]] = {}
+    for (workers, kind), found in runs.items():
+        out.setdefault(workers, {})[kind] = (statistics.median(t for t, _ in found),
+                                             int(statistics.median(b for _, b in found)))
+    return out
+
+
 def run(repeat: int = 3, json_path: str | None = None) -> dict[str, Any]:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
@@ -158,9 +215,20 @@ def run(repeat: int = 3, json_path: str | None = None) -> dict[str, Any]:
     print(f"save_snapshot mid-epoch, 2 workers running: {ms(save_s)} "
           f"(file {size / 1024:.0f} KiB, {in_flight:.0f} batches in flight stored by value)")
     print(f"restore onto 2 new workers up to the first batch: {ms(restore_s)}")
+    grown = elastic(repeat)
+    print("restore onto W' workers to the first batch: a snapshot of L = 2 logical shards (split into sub-shards) "
+          "against one of L = W' (whole)")
+    rows = []
+    for workers, kinds in grown.items():
+        (split_s, split_b), (whole_s, whole_b) = kinds["split"], kinds["whole"]
+        rows.append([str(workers), str(math.lcm(2, workers)), ms(whole_s), ms(split_s), f"{split_s / whole_s:5.2f}x",
+                     f"{whole_b:,}", f"{split_b:,}", f"{split_b / whole_b:5.2f}x"])
+    print(table(["W'", "units", "L = W'", "L = 2", "ratio", "bytes, L = W'", "bytes, L = 2", "ratio"], rows))
     payload = {"benchmark": "workers", "samples": SAMPLES, "batch": BATCH,
                "epoch_seconds": {k: {"first": v[0], "warm": v[1]} for k, v in times.items()},
                "ours_speedup_vs": {k: v[1] / mine for k, v in times.items() if k != "ours"},
-               "save_snapshot_s": save_s, "restore_to_first_batch_s": restore_s, "file_bytes": size}
+               "save_snapshot_s": save_s, "restore_to_first_batch_s": restore_s, "file_bytes": size,
+               "restore_onto_more_workers": {str(w): {kind: {"seconds": t, "bytes_read": b}
+                                                      for kind, (t, b) in k.items()} for w, k in grown.items()}}
     save_json(json_path, payload)
     return payload

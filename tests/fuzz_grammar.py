@@ -22,6 +22,7 @@ Run the fuzz at any size, printing the counts table (``tests/fuzz_oracle.py``)::
 from __future__ import annotations
 
 import functools
+import io
 import json
 import warnings
 import zlib
@@ -207,6 +208,9 @@ def _source(name: str, a: list[Any], root: str) -> Any:
         return fuzz_files.source(a[0], fuzz_files.write_data(root))
     if name == "sharded_files":  # a sharding point between the lister and the opener
         return fuzz_files.sharded_source(a[0], fuzz_files.write_data(root))
+    if name == "memory":  # streams that no opener made (tests/fuzz_elastic.py draws it)
+        return td.LineReader(IterableWrapper([(f"m{i}.txt", io.StringIO("".join(f"{i}.{j}\n" for j in range(i + 1))))
+                                              for i in range(a[0])]))
     raise ValueError(name)
 
 
@@ -385,7 +389,7 @@ def _reiterated(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 #: Reading services, by name (see ``tests/fuzz_oracle.service``); a restore takes the saved
 #: number of logical shards, so the services restored onto leave it unset.
 #: (saved on, restored onto): always another service. Hypothesis draws the first ones more
-#: often; the last two restore one logical shard onto 2 workers (refused: a shard runs in one worker).
+#: often; the last two restore one logical shard onto 2 workers (split into 2 sub-shards).
 SERVICE_PAIRS = (("mp2", "mp1"), ("inproc_L2", "mp2"), ("mp2_L3", "inproc"), ("mp1", "inproc"), ("inproc", "mp1"),
                  ("mp2_L3", "mp2"), ("inproc_L2", "mp1"), ("mp2", "inproc"), ("mp2_L3", "mp1"), ("inproc_L2", "inproc"),
                  ("inproc", "mp2"), ("mp1", "mp2"))
@@ -467,8 +471,10 @@ def _case(fields: dict[str, Any]) -> dict[str, Any]:
             "again": fields["again"]}
 
 
-def draw_cases(examples: int, seed: int = 0, kind: str = "graphs") -> list[dict[str, Any]]:
-    """``examples`` cases, the same ones for the same ``seed`` in any process.
+def draw_cases(examples: int, seed: int = 0, kind: str = "graphs",
+               module: str = "tests.fuzz_grammar") -> list[dict[str, Any]]:
+    """``examples`` cases of ``kind`` (``graphs`` or ``ranks``), the same ones for the same ``seed`` in any
+    process (``module``'s draw: ``python -m module --draw``).
 
     Hypothesis draws some integers from the constants of the local modules loaded at the
     time (``sys.modules``), so the draw runs in a fresh process that loads only this module.
@@ -479,21 +485,23 @@ def draw_cases(examples: int, seed: int = 0, kind: str = "graphs") -> list[dict[
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-W", "ignore", "-m", "tests.fuzz_grammar", "--draw", str(examples),
-                           str(seed), kind], cwd=root, env=env, capture_output=True, text=True, timeout=300, check=True)
+    done = subprocess.run([sys.executable, "-W", "ignore", "-m", module, "--draw", str(examples), str(seed), kind],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=300, check=True)
     drawn: list[dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
     return drawn
 
 
-def _draw_here(examples: int, seed: int, kind: str = "graphs") -> list[dict[str, Any]]:
-    """Draw four times as many, then keep graphs of new shapes first (hypothesis draws runs of
-    small variations of one graph)."""
+def _draw_here(examples: int, seed: int, kind: str = "graphs",
+               strategy: st.SearchStrategy[Any] | None = None) -> list[dict[str, Any]]:
+    """Draw four times as many (of ``strategy``, default :func:`cases` or, for ``kind`` ``ranks``,
+    :func:`rank_cases`), then keep graphs of new shapes first (hypothesis draws runs of small
+    variations of one graph)."""
     pool: list[dict[str, Any]] = []
 
     @hypothesis_seed(seed)
     @settings(max_examples=4 * examples, database=None, deadline=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
-    @given(cases() if kind == "graphs" else rank_cases())
+    @given(strategy if strategy is not None else cases() if kind == "graphs" else rank_cases())
     def collect(case: dict[str, Any]) -> None:
         pool.append(case)
 

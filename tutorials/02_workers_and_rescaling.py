@@ -22,7 +22,8 @@
 #    a fixed seed and L, in-process and 1, 2, 3 or 4 workers yield the same batches.
 # 2. **A snapshot taken with W workers restores onto another number of workers**, or
 #    in-process, even though the workers had run ahead of the loader when it was taken: the
-#    restored stream is the uninterrupted one, batch for batch.
+#    restored stream is the uninterrupted one, batch for batch, on up to L workers; on more, every
+#    sample is still read exactly once.
 #
 # [Logical shards and topology independence](../docs/concepts/logical-shards.md) explains
 # the mechanics.
@@ -173,20 +174,35 @@ assert sorted(ids(seen) + ids(rest)) == list(range(96))
 print(f"{len(ids(seen))} samples before the snapshot + {len(ids(rest))} after the restore = 96, none twice")
 
 # %% [markdown]
-# ## 4. What cannot be restored
+# ## 4. More workers than logical shards
 #
-# Each logical shard runs in one worker, so a snapshot with 4 logical shards can keep at most
-# 4 workers busy. Asking for more is refused before anything changes, with the reason and the
-# fix.
+# Each logical shard runs in one worker, so 5 workers cannot share the snapshot's 4 shards whole.
+# The restore splits each shard into sub-shards from where it stood, so that every worker has
+# one (lcm(4, 5) = 20 sub-shards, 4 per worker), as a restore onto another number of ranks does.
+# The plan says so before anything runs:
 
 # %%
-try:
-    snapshot.DataLoader2(build_graph(), reading_service=snapshot.MultiProcessingReadingService(num_workers=5)) \
-        .restore_snapshot("workers.snap")
-except snapshot.LayoutError as error:
-    print(error)
-else:
-    raise AssertionError("5 workers cannot share 4 logical shards")
+plan = subprocess.run([sys.executable, "-m", "snapshot", "inspect", "workers.snap", "--plan-for", "1x5"],
+                      capture_output=True, text=True, check=True).stdout
+print(plan)
+assert "runs as 20 unit(s)" in plan
+
+# %% [markdown]
+# Every sample is still read exactly once, the batches in flight included; what changes is the
+# order. The rest of the epoch is the round-robin over the 20 sub-shards (a batch is made of one
+# sub-shard's samples), and the next epochs are the stream of a job started with 5 workers and
+# `logical_shards=4`. To keep one identical stream while adding workers, start the job with
+# `logical_shards=` a multiple of every number of workers you may use.
+
+# %%
+with snapshot.DataLoader2(build_graph(), reading_service=snapshot.MultiProcessingReadingService(num_workers=5)) \
+        as restored:
+    restored.restore_snapshot("workers.snap")
+    split_rest, split_following = list(restored), list(restored)
+assert sorted(ids(seen) + ids(split_rest)) == list(range(96))      # every sample once
+assert sorted(ids(split_following)) == list(range(96))             # and in the next epoch
+assert split_following == epochs(snapshot.MultiProcessingReadingService(num_workers=5, logical_shards=L))[1]
+print(f"5 workers: {len(ids(seen))} + {len(ids(split_rest))} samples, none twice; epoch 1 as a job started on 5")
 
 # %% [markdown]
 # ## What to take away
@@ -196,8 +212,10 @@ else:
 # - The stream depends on the seed and the number of logical shards L, not on the number of
 #   workers. L is fixed by the first run (`logical_shards=`, default: the number of workers)
 #   and saved in every snapshot.
-# - Snapshots are exact while workers run ahead, and restore onto any number of workers up to
-#   L, or in-process.
+# - Snapshots are exact while workers run ahead, and restore onto any number of workers, or
+#   in-process: up to L with the same stream, beyond L with the shards split into sub-shards
+#   (every sample once, another order). Choose `logical_shards=` for the most workers you may use
+#   to keep one stream.
 #
 # Across ranks, each rank yields its share of the same stream, and a snapshot restores onto
 # another number of ranks with every sample once: see

@@ -177,9 +177,9 @@ def _service(view: View) -> list[str]:
     lines = [f"Reading service: {view.service_name}"]
     layout = dict(view.layout)
     shards = layout.pop("logical_shards", None)
-    if isinstance(shards, int) and not isinstance(shards, bool):  # the stream's L: W' <= L on a restore
-        lines.append(f"  logical shards: {count(shards)} (restores onto at most {count(shards)} "
-                     f"worker{'s' if shards != 1 else ''} per rank)")
+    if isinstance(shards, int) and not isinstance(shards, bool):  # the stream's L (more workers split it)
+        lines.append(f"  logical shards: {count(shards)} (one stream on up to {count(shards)} "
+                     f"worker{'s' if shards != 1 else ''} per rank; more split them)")
     elif shards is not None:  # not a count: shown as it is
         layout = dict(view.layout)
     lines.extend(table(["", ""], [[key, _compact(value)] for key, value in layout.items()])[1:])

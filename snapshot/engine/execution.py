@@ -21,11 +21,13 @@ generator states.
 
 from __future__ import annotations
 
+import io
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 from torch.utils.data import MapDataPipe
+from torch.utils.data.datapipes.utils.common import StreamWrapper
 
 from snapshot import _progress
 from snapshot.engine._passes import Passes, Slot, arm, carry_over, check_restart
@@ -82,6 +84,27 @@ def _raw_iter(datapipe: Any) -> Iterator[Any]:
 
 #: A node's record in a capture (:class:`snapshot.schema.NodeState`).
 NodeRecord = NodeState
+
+_NOTHING = object()
+
+
+def _hand_over(item: Any, consumers: Iterable[Any]) -> None:
+    """The last item of a replayed input, to its consumers restored from their state (see
+    :meth:`~snapshot.hooks.ResumableIterator.replays_input`)."""
+    for cell in consumers:
+        if isinstance(cell, ResumableIterator):
+            cell.replayed_input(item)
+
+
+def _without_streams(value: Any) -> Any:
+    """``value`` with every stream in it (an ``io`` object, a torch ``StreamWrapper``) as ``None``."""
+    if isinstance(value, (io.IOBase, StreamWrapper)):
+        return None
+    if isinstance(value, (list, tuple)):
+        return type(value)(_without_streams(v) for v in value) if not hasattr(value, "_fields") else value
+    if isinstance(value, dict):
+        return {k: _without_streams(v) for k, v in value.items()}
+    return value
 
 
 def capture_persistent(graph: Graph) -> dict[str, Any]:
@@ -288,10 +311,10 @@ class Run(Iterator[Any]):
 
     def _replay_driver(self, path: str, count: int, to_the_end: bool, progress: _progress.Bar | None) -> None:
         cell = self._cells[path]
-        done = 0
+        done, item = 0, _NOTHING
         while done < count or to_the_end:
             try:
-                next(cell)
+                item = next(cell)
             except StopIteration:
                 if done < count:
                     raise PositionError(
@@ -304,6 +327,8 @@ class Run(Iterator[Any]):
             done += 1
             if progress is not None and done % 256 == 0:
                 progress.update(256)
+        if item is not _NOTHING:
+            _hand_over(item, [self._cells.get(c) for c in self.graph[path].consumers if c not in self._replay])
 
     def cell(self, path: str) -> Any:
         """The iterator running node ``path`` in this run."""
@@ -339,8 +364,9 @@ class Run(Iterator[Any]):
             counts[node.path] = cell.yielded if started else None
         return counts
 
-    def capture(self) -> dict[str, NodeRecord]:
-        """Per node: samples yielded, its state (``None`` without a hook), buffered samples."""
+    def capture(self, replayed: Collection[str] = ()) -> dict[str, NodeRecord]:
+        """Per node: samples yielded, its state (``None`` without a hook), buffered samples. Nodes a restore
+        replays (``replayed``) keep no stream in their state (one no opener made is not data)."""
         records: dict[str, NodeRecord] = {}
         counts = self.counts()
         for path, count in counts.items():
@@ -349,7 +375,7 @@ class Run(Iterator[Any]):
             state: Any = None
             buffered = 0
             if isinstance(cell, ResumableIterator):
-                state = cell.get_state()
+                state = _without_streams(cell.get_state()) if path in replayed else cell.get_state()
                 buffered = cell.buffered()
             elif hook is not None and hook.state_dict is not None:
                 state = hook.state_dict(cell.datapipe)

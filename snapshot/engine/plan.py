@@ -168,6 +168,10 @@ def needs_replay(graph: Graph, nodes: set[str] | None = None) -> dict[str, str]:
             reason = hook.iterator.can_restore(node, graph)
             if reason is not None:
                 reasons[node.path] = reason
+            elif (why := hook.iterator.replays_input(node, graph)) is not None:
+                source = node.inputs[0]  # replayed up to what the node took (unless the part's input: then it)
+                where = source if nodes is None or source in nodes else node.path
+                reasons.setdefault(where, f"{node.path} {why}")
     return reasons
 
 

@@ -197,6 +197,16 @@ class ResumableIterator(Iterator[Any], ABC):
         ``None`` when it reads nothing again."""
         return None
 
+    @classmethod
+    def replays_input(cls, node: Any, graph: Any) -> str | None:
+        """Why a restore of ``node`` replays its input up to the saved count (what it took from it can
+        be neither saved nor reopened: streams that no opener made), or ``None``. The pipe itself is
+        restored from its state, and is handed its input's last replayed item (:meth:`replayed_input`)."""
+        return None
+
+    def replayed_input(self, item: Any) -> None:
+        """The last item the input yielded when a restore replayed it (see :meth:`replays_input`)."""
+
     def state_dict(self) -> dict[str, Any]:
         return {YIELDED: self.yielded, STATE: self.get_state()}
 

@@ -166,7 +166,7 @@ class DistributedReadingService(ReadingServiceInterface):
                 f"the graph has no sharding point, so its {collective.world} ranks would each read the whole "
                 "dataset: add .sharding_filter() where samples may be split")
         count = resolve_logical_shards(requested, topology, default)
-        units = epoch_units(count, collective.world)
+        units = epoch_units(count, collective.world, self.executor.workers)
         self.executor.configure(datapipe, count, self.owned(units), units, graph=graph, analysis=topology)
         return _Output(self)
 
@@ -179,7 +179,7 @@ class DistributedReadingService(ReadingServiceInterface):
             seed_generator.set_state(states[0])  # rank 0's seeds drive every rank
         self._even, self._resume_last, self._first, self._stream = None, None, [], None
         self._resume_sharing = (False, [])
-        units = epoch_units(self.executor.logical_shard_count, collective.world)
+        units = epoch_units(self.executor.logical_shard_count, collective.world, self.executor.workers)
         self.executor.run_units(units, self.owned(units))  # the epoch after a split restore: whole again
         return self.executor.initialize_iteration(seed_generator, iter_reset_fn)
 
@@ -223,7 +223,7 @@ class DistributedReadingService(ReadingServiceInterface):
 
     def validate(self, state: ServiceCheckpoint | ServiceState) -> list[str]:
         state = as_record(state)
-        problems = self.executor.validate(state, self.plan(state))
+        problems = self.executor.validate(state)
         world = self._connect().world
         problems += [p for p in same_layout_problems(state, self.executor.reset_layout(), ranks=world)
                      if p not in problems]  # a worker_reset_fn's snapshot restores on its own ranks only

@@ -4,16 +4,18 @@ The graph is cut into L logical shards at its sharding point (see :mod:`snapshot
 worker w owns shards w, w + W, w + 2W, ... and runs one copy of the part above the sharding
 point plus one copy of the part below it per owned shard. The main process takes samples from
 the shards in a fixed round-robin order, so for a fixed seed and L the stream is the same
-in-process and with any number of workers up to L. The part above a
-``sharding_round_robin_dispatch`` is not copied: it runs once, in the main process, which
+in-process and with any number of workers up to L (more workers split the shards into
+sub-shards). The part above a ``sharding_round_robin_dispatch`` is not copied: it runs once, in the main process, which
 deals its samples to the workers' shards (see :mod:`snapshot.reading_service._shards.dispatch`).
 
 A snapshot is exact while workers run ahead: each worker reports its state between two
 samples (it is paused only for that), and the samples it had produced that the loader has
 not yielded yet are stored by value in the snapshot and yielded first after a restore. A
-snapshot taken with W workers restores onto any W' <= L workers, or in-process (unless a
-``worker_reset_fn`` ties it to its layout). A non-replicable tail (see :mod:`snapshot.sharding`)
-runs in the main process over the merged stream.
+snapshot taken with W workers restores onto any number of workers, or in-process (unless a
+``worker_reset_fn`` ties it to its layout): onto more workers than it has units, the units are
+split into sub-shards so that each worker has one (see :mod:`snapshot.reading_service.reshard`).
+A non-replicable tail (see :mod:`snapshot.sharding`) runs in the main process over the merged
+stream.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from snapshot._warnings import user_stacklevel
 from snapshot.container import _serialization
 from snapshot.engine.graph import Graph
 from snapshot.engine.sharding import Topology, WorkerInfo, analyze
-from snapshot.errors import LayoutError
 from snapshot.reading_service._rng import GlobalRNG
 from snapshot.reading_service._shards.dispatch import Dispatcher
 from snapshot.reading_service._shards.service import Executor, LocalExecutor, ShardedService
@@ -38,7 +39,7 @@ from snapshot.reading_service._workers.reset import RESET_FN, callable_name
 __all__ = ["MultiProcessingReadingService"]
 
 class MultiProcessingReadingService(ShardedService):
-    """Load with ``num_workers`` processes; exact snapshots; restore onto any worker count <= L.
+    """Load with ``num_workers`` processes; exact snapshots; restore onto any number of workers.
 
     Compared with torchdata 0.9's service of the same name: the arguments after
     ``num_workers`` are keyword-only; a ``worker_reset_fn`` ties snapshots to the layout (see
@@ -51,7 +52,9 @@ class MultiProcessingReadingService(ShardedService):
             :class:`InProcessReadingService`).
         logical_shards: L, how many logical shards the graph is cut into (default
             ``num_workers``; a graph without a sharding point has 1). Fixed by the first run
-            and saved; a restore takes the saved value.
+            and saved; a restore takes the saved value. Below ``num_workers``, each logical shard
+            is split into sub-shards so that every worker has one (the stream is then theirs); a
+            multiple of every number of workers you will use keeps one stream.
         prefetch_factor: samples requested ahead per logical shard.
         multiprocessing_context: ``"fork"`` (the default on Linux: workers start in milliseconds),
             ``"spawn"`` or ``"forkserver"`` (the default elsewhere is Python's).
@@ -147,12 +150,7 @@ class MultiProcessingReadingService(ShardedService):
                 stacklevel=user_stacklevel(),
             )
             workers = 1
-        if workers > len(shards):
-            raise LayoutError(
-                f"{workers} workers cannot share {len(shards)} logical shard(s): each logical shard runs in one "
-                f"worker, so at most {len(shards)} workers run here (W' <= L; L is fixed by a stream's first run, by "
-                f"default to its num_workers). Use num_workers <= {len(shards)}, or (on a first run) "
-                f"logical_shards >= num_workers: a larger L leaves room to add workers on a later restore.")
+        workers = min(workers, len(shards))  # (the units are laid out so that each worker has one: reshard)
         self._running = workers
         dispatcher = Dispatcher(graph, topology, count, shards, global_rng=self.global_rng) \
             if topology.dispatchers else None

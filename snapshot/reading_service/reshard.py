@@ -15,7 +15,6 @@ changes. For each rank of the target it says
   out first it takes (so a rank's restore reads a few parts whatever the number of ranks);
 - the samples it hands out first (saved samples not yet yielded), as slices of the saved ranks'
   lists, and the counts the saving run recorded for its units (samples in flight, items buffered);
-- or why the restore is refused.
 
 What an equalizing policy drops or repeats is not predicted here: it is counted as the samples are
 read (see :mod:`snapshot.reading_service._ranks.even`): fewer than R' an epoch, whatever the plan.
@@ -33,18 +32,36 @@ from typing import Any
 from snapshot import schema
 from snapshot.schema import Handout
 
-__all__ = ["RankPlan", "ReshardPlan", "SavedLayout", "Slice", "epoch_units", "plan_restore", "restore_units"]
+__all__ = ["NO_SPLIT", "RankPlan", "ReshardPlan", "SavedLayout", "Slice", "epoch_units", "plan_restore",
+           "restore_units", "units_for"]
 
 
-def epoch_units(logical_shards: int, ranks: int) -> int:
-    """The units of an epoch that starts with ``ranks`` ranks: ``L``, or ``lcm(L, R)``."""
-    return math.lcm(logical_shards, max(ranks, 1))
+#: The service layout's key for why its units cannot be split into sub-shards before the epoch ends (a
+#: pipe that shards its own data, ...): a restore then runs the rest of the epoch as the saved units.
+NO_SPLIT = "no_split"
 
 
-def restore_units(saved_units: int, ranks: int) -> int:
-    """The units for the rest of a saved epoch on ``ranks`` ranks: the saved ones when the
-    ranks can share them, else each split into as few sub-shards as equal shares need."""
-    return saved_units if saved_units % max(ranks, 1) == 0 else math.lcm(saved_units, ranks)
+def units_for(count: int, ranks: int, workers: int = 0) -> int:
+    """The units ``count`` units run as on ``ranks`` ranks of ``workers`` worker processes each: ``count``
+    when every rank gets as many and every worker one at least; else each split into as few sub-shards as
+    that needs (``lcm(count, R)``, or ``lcm(count, R x W)`` when that still leaves a worker idle)."""
+    ranks, busy = max(ranks, 1), max(workers, 1)
+    for units in (count, math.lcm(count, ranks)):
+        if units % ranks == 0 and units // ranks >= busy:
+            return units
+    return math.lcm(count, ranks * busy)
+
+
+def epoch_units(logical_shards: int, ranks: int, workers: int = 0) -> int:
+    """The units of an epoch that starts with ``ranks`` ranks of ``workers`` workers: ``L``, or
+    sub-shards of the L logical shards (see :func:`units_for`)."""
+    return units_for(logical_shards, ranks, workers)
+
+
+def restore_units(saved_units: int, ranks: int, workers: int = 0) -> int:
+    """The units for the rest of a saved epoch on ``ranks`` ranks of ``workers`` workers: the saved
+    ones when they can share them, else each split from where it stood (see :func:`units_for`)."""
+    return units_for(saved_units, ranks, workers)
 
 
 @dataclass(frozen=True)
@@ -67,6 +84,8 @@ class SavedLayout:
     #: in the buffers of its pipes below the sharding point (``None``: the unit is not described).
     in_flight: tuple[int | None, ...] = ()
     buffered: tuple[int | None, ...] = ()
+    #: Why the saved units cannot be split before the epoch ends (``None``: they can).
+    no_split: str | None = None
 
     @classmethod
     def from_manifest(cls, manifest: schema.Manifest) -> SavedLayout | None:
@@ -84,7 +103,7 @@ class SavedLayout:
         return cls(
             logical_shards=service.logical_shards, units=units, ranks=service.ranks or 1,
             workers=service.workers or 0, owners=_owner_ranks(service.owners, units),
-            finished=manifest.loader.epoch_finished, handouts=handouts,
+            finished=manifest.loader.epoch_finished, handouts=handouts, no_split=service.extra.get(NO_SPLIT),
             in_flight=tuple(None if s is None else s.in_flight for s in shards),
             buffered=tuple(None if s is None else sum(n.buffered for n in s.nodes.values()) for s in shards))
 
@@ -105,7 +124,7 @@ class SavedLayout:
         return cls(
             logical_shards=state.logical_shards, units=units, ranks=state.world, workers=state.workers,
             owners=_owner_ranks(layout.owners, units), finished=finished,
-            handouts=handouts,
+            handouts=handouts, no_split=layout.extra.get(NO_SPLIT),
             in_flight=tuple(None if s is None else len(s.in_flight) for s in shards),
             buffered=tuple(None if s is None else sum(n.buffered for n in s.nodes.values()) for s in shards))
 
@@ -169,14 +188,25 @@ class ReshardPlan:
     workers: int
     #: The units the rest of the saved epoch runs as.
     units: int
-    #: Why the restore cannot be done (``None``: it can).
-    refusal: str | None = None
     _plans: dict[int, RankPlan] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def splits(self) -> bool:
         """Whether the saved units are split into sub-shards."""
         return self.units != self.saved.units
+
+    @property
+    def later_units(self) -> int:
+        """The units each later epoch runs as (each starts whole: sub-shards of the L logical shards only
+        where this layout needs them)."""
+        return epoch_units(self.saved.logical_shards, self.ranks, self.workers)
+
+    @property
+    def same_stream_later(self) -> bool:
+        """Whether later epochs read the stream the saved run's later epochs would have read (they run as
+        as many units; the stream depends on the seed and the units only)."""
+        saved = self.saved
+        return self.later_units == epoch_units(saved.logical_shards, saved.ranks, saved.workers)
 
     def rank(self, rank: int) -> RankPlan:
         """The plan of rank ``rank`` of the target."""
@@ -194,21 +224,12 @@ class ReshardPlan:
 
 def plan_restore(saved: SavedLayout, ranks: int, workers: int = 0) -> ReshardPlan:
     """The plan for restoring a snapshot saved as ``saved`` onto ``ranks`` ranks of ``workers``
-    worker processes each (0: in the rank's own process)."""
+    worker processes each (0: in the rank's own process). No layout is refused: where the ranks
+    cannot share the saved units equally, or a worker would have none, the units are split."""
     if ranks < 1 or workers < 0:
         raise ValueError(f"a restore runs on at least one rank and zero or more workers, not {ranks} x {workers}")
-    units = restore_units(saved.units, ranks)
-    plan = ReshardPlan(saved, ranks, workers, units)
-    per_rank = units // ranks
-    if workers > per_rank:
-        where = f"on {ranks} rank(s) each rank runs" if ranks > 1 else "a restore runs"
-        busy = f"{workers} workers per rank busy" if ranks > 1 else f"{workers} workers busy"
-        refusal = (f"{where} {per_rank} logical shard(s) (or sub-shards) of this snapshot ({saved.logical_shards} "
-                   f"logical shard(s) saved as {saved.units} unit(s)), which cannot keep {busy}: each "
-                   f"unit runs in one worker; use num_workers <= {per_rank}. To add workers later, start a stream "
-                   "with logical_shards= above its number of workers (for example 8)")
-        plan = ReshardPlan(saved, ranks, workers, units, refusal)
-    return plan
+    kept = saved.no_split is not None and not saved.finished  # the rest of the epoch as saved, shares uneven
+    return ReshardPlan(saved, ranks, workers, saved.units if kept else restore_units(saved.units, ranks, workers))
 
 
 def _rank_plan(plan: ReshardPlan, rank: int) -> RankPlan:
@@ -218,8 +239,10 @@ def _rank_plan(plan: ReshardPlan, rank: int) -> RankPlan:
     reads = {saved.owners[u % saved.units] for u in units}
     first = _first(saved, rank, plan.ranks)
     reads.update(s.rank for s in first)
+    if not reads:  # a rank with no unit (the saved units stay whole): one part, for the epoch's seeds
+        reads.add(rank % saved.ranks)
     count = max(plan.workers, 1)
-    workers = tuple(units[w::count] for w in range(count)) if plan.workers else (units,)
+    workers = tuple(units[w::count] for w in range(min(count, len(units)) or 1)) if plan.workers else (units,)
     return RankPlan(
         rank=rank, units=units, workers=workers, continues=continues,
         splits=tuple(u for u in units if u >= saved.units), reads=tuple(sorted(reads)), first=first,
@@ -277,29 +300,52 @@ def _rank_line(plan: RankPlan) -> str:
             f"{plan.in_flight:>9}  {plan.buffered:>8}")
 
 
+def _what_runs(plan: ReshardPlan) -> list[str]:
+    """What the rest of the saved epoch and the later epochs run as, and what their stream is."""
+    saved, lines = plan.saved, []
+    if saved.finished:
+        lines.append("the saved epoch had ended")
+    elif plan.splits:
+        lines.append(f"the rest of the saved epoch runs as {plan.units} unit(s): each saved unit u is split into "
+                     f"{plan.units // saved.units} sub-shard(s) u, u+{saved.units}, ... from where it stood (every "
+                     "sample once; the stream's order is that of the sub-shards, merged in turn)")
+    elif saved.no_split is not None and plan.units != restore_units(saved.units, plan.ranks, plan.workers):
+        lines.append(f"the rest of the saved epoch runs as the saved {plan.units} unit(s), not split ({saved.no_split})"
+                     ": on the workers they keep busy, ranks' shares evened out as they are read")
+    else:
+        lines.append(f"the rest of the saved epoch runs as the saved {plan.units} unit(s): the saved run's stream")
+    later = plan.later_units
+    what = f"{later} sub-shard(s) of the" if later != saved.logical_shards else "the"
+    if plan.same_stream_later:
+        lines.append(f"later epochs run as {what} {saved.logical_shards} logical shard(s), as the saved run's "
+                     "did: the same stream")
+    else:
+        lines.append(f"later epochs run as {what} {saved.logical_shards} logical shard(s): the stream of a job "
+                     f"started with logical_shards={saved.logical_shards} on this layout, not the saved run's (to "
+                     "keep one stream on every layout, start with logical_shards= a multiple of each ranks x "
+                     "workers you will use)")
+    return lines
+
+
 def _describe(plan: ReshardPlan, *, limit: int | None = 16) -> str:
     saved = plan.saved
     lines = [f"re-shard plan: {saved.units} unit(s) of {saved.logical_shards} logical shard(s) saved on "
              f"{_layout(saved.ranks, saved.workers)} -> {_layout(plan.ranks, plan.workers)}"]
-    if plan.refusal:
-        lines.append(f"refused: {plan.refusal}")
-        return "\n".join(lines)
-    where = "the next epoch" if saved.finished else "the rest of the saved epoch"
-    if plan.splits:
-        lines.append(f"{where} runs as {plan.units} unit(s): each saved unit u is split into "
-                     f"{plan.units // saved.units} sub-shard(s) u, u+{saved.units}, ... from where it stood")
-    else:
-        lines.append(f"{where} runs as the saved {plan.units} unit(s)")
+    lines += _what_runs(plan)
     lines.append(f"  {'rank':>5}  {'units':<28}  {'continues':<16}  {'new sub-shards':<16}  {'reads parts':<14}  "
                  f"{'hands out first':<14}  {'in flight':>9}  {'buffered':>8}")
     shown = range(plan.ranks) if limit is None else range(min(plan.ranks, limit))
     lines += [_rank_line(plan.rank(r)) for r in shown]
     if len(shown) < plan.ranks:
         lines.append(f"  ... {plan.ranks - len(shown)} more rank(s)")
+    if plan.workers:
+        groups = "; ".join(f"worker {w}: {_numbers(units, 16)}" for w, units in enumerate(plan.rank(0).workers))
+        lines.append(f"workers: each rank's units go to its {plan.workers} worker(s) in turn (rank 0: {groups})")
     reads = [len(plan.rank(r).reads) for r in shown]
     lines.append(f"parts read per rank: at most {max(reads)} of {saved.ranks}" +
                  ("" if len(shown) == plan.ranks else f" (over the {len(shown)} ranks shown)"))
-    lines.append("equalizing (even_batches \"drop\"/\"pad\"): counted as the samples are read; when a rank runs "
-                 "out the ranks share what is left, so fewer than "
-                 f"{plan.ranks} sample(s) are dropped or repeated per epoch")
+    if plan.ranks > 1:
+        lines.append("equalizing (even_batches \"drop\"/\"pad\"): counted as the samples are read; when a rank runs "
+                     "out the ranks share what is left, so fewer than "
+                     f"{plan.ranks} sample(s) are dropped or repeated per epoch")
     return "\n".join(lines)

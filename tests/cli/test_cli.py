@@ -141,7 +141,7 @@ def test_inspect_shows_every_section(inspected: dict[str, Any], shared_file: str
     for path, fingerprint in manifest["randomness"]["node_seeds"].items():
         assert f"{fingerprint[:12]}  {path}\n" in out
     assert "Reading service: InProcessReadingService" in out
-    assert "logical shards: 1 (restores onto at most 1 worker per rank)" in out
+    assert "logical shards: 1 (one stream on up to 1 worker per rank; more split them)" in out
     buffered = sum(r["buffered"] for r in manifest["shards"][0]["nodes"].values())
     assert f"Buffers: {buffered} samples held in the buffers of" in out
     assert f" KiB ({manifest['_file']['size']:,} bytes)" in out
@@ -179,7 +179,7 @@ def test_inspect_sums_any_number_of_logical_shards(snap_file: str, tmp_path) -> 
     out = run_cli("inspect", path).stdout
     assert "figures summed over 3 logical shards" in out
     assert "Reading service: MultiProcessingReadingService" in out
-    assert "  logical shards: 3 (restores onto at most 3 workers per rank)" in out
+    assert "  logical shards: 3 (one stream on up to 3 workers per rank; more split them)" in out
     assert "workers  3" in out and 'owners   {"0":0,"1":1,"2":2}' in out
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("  shard  yielded"))

@@ -142,7 +142,7 @@ def test_inspect_keeps_the_whole_tree(name: str, columns: int, files: dict[str, 
 
 def test_inspect_states_the_worker_ceiling(files: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
     _, text = output(capsys, "inspect", files["workers"])
-    assert "  logical shards: 2 (restores onto at most 2 workers per rank)" in text.splitlines()
+    assert "  logical shards: 2 (one stream on up to 2 workers per rank; more split them)" in text.splitlines()
 
 
 def _on_a_terminal(argv: list[str], columns: int) -> str:

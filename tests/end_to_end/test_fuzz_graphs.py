@@ -238,3 +238,41 @@ def test_refusals_and_crashes_are_told_apart() -> None:
     assert fuzz_oracle._is_refusal(snapshot.LayoutError("x"))
     assert not fuzz_oracle._is_refusal(snapshot.WorkerError("x"))
     assert not fuzz_oracle._is_refusal(ValueError("x"))
+
+
+# -- the elastic draw: restores onto more workers than units, streams no opener made (issue 34) ----------
+
+ELASTIC_EXAMPLES = int(os.environ.get("SNAPSHOT_FUZZ_ELASTIC_EXAMPLES", "6"))
+
+
+@functools.cache
+def elastic_cases() -> list[dict[str, Any]]:
+    from tests import fuzz_elastic
+
+    return fuzz_elastic.draw_cases(ELASTIC_EXAMPLES)
+
+
+@pytest.fixture(scope="module")
+def elastic_outcomes() -> Iterator[dict[int, list[fuzz_oracle.Outcome]]]:
+    with tempfile.TemporaryDirectory(prefix="fuzz-data-") as root:
+        found = fuzz_oracle.run(elastic_cases(), root)
+    print("\n" + fuzz_oracle.table(found, elastic_cases()))
+    by_case: dict[int, list[fuzz_oracle.Outcome]] = {i: [] for i in range(len(elastic_cases()))}
+    for o in found:
+        by_case[o.case].append(o)
+    yield by_case
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(ELASTIC_EXAMPLES), ids=lambda i: f"elastic{i}")
+def test_elastic_case(index: int, elastic_outcomes: dict[int, list[fuzz_oracle.Outcome]]) -> None:
+    # no restore is refused for its number of workers or for a stream that no opener made
+    case = elastic_cases()[index]
+    mine = elastic_outcomes[index]
+    assert mine, "no outcome recorded"
+    refused = [o for o in mine if o.outcome == "refused" and o.stage == "restore"]
+    problems = refused + [o for o in mine if o.outcome in fuzz_oracle.FINDINGS
+                          or (o.outcome == "irreproducible" and not _unseeded_sample_mux(case["graph"]))]
+    message = "\n".join(
+        [f"{o.outcome} [{o.cut}] at {o.stage}: {o.detail}" for o in problems] + [fuzz_oracle.reproducer(case)])
+    assert not problems, message

@@ -186,9 +186,12 @@ def test_without_a_length_nothing_needs_predicting(tmp_path) -> None:
 
 
 def refused_then_run(rank: int, world: int, directory: str, samples: int) -> dict[str, Any]:
-    """A refused restore (2 workers per rank, where each rank runs 1 unit), then the same loader's first
-    epoch (it is unchanged: it starts from the beginning)."""
-    with snapshot.DataLoader2(graph(samples), reading_service=service(workers=2)) as loader:
+    """A refused restore (the workers ask for 3 logical shards, the snapshot has 2), then the same loader's
+    first epoch (it is unchanged: it starts from the beginning, with the 3 logical shards asked for)."""
+    ranks = snapshot.DistributedReadingService(timeout=60)
+    workers = snapshot.MultiProcessingReadingService(2, logical_shards=3)
+    with snapshot.DataLoader2(graph(samples), reading_service=snapshot.SequentialReadingService(ranks, workers)) \
+            as loader:
         loader.seed(7)
         try:
             loader.restore_snapshot(directory)
@@ -201,7 +204,7 @@ def refused_then_run(rank: int, world: int, directory: str, samples: int) -> dic
 def test_a_refused_restore_leaves_the_loader_as_it_was(tmp_path) -> None:
     directory, _ = _saved(tmp_path, 2, 600)
     after = run_ranks(2, refused_then_run, directory, 600, pg_timeout=30)
-    assert all(r["refused"] and "cannot keep 2 workers per rank busy" in r["refused"] for r in after)
+    assert all(r["refused"] and "this service asks for logical_shards=3" in r["refused"] for r in after)
     shares = [r["epoch"] for r in after]
     assert Counter(x for share in shares for x in share) == every(600)
     assert [len(share) for share in shares] == [300, 300]

@@ -9,9 +9,11 @@ its parent unit ``u % M``), not copied from the plan's output.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -39,7 +41,7 @@ UNITS = [(4, 2, 2, 4), (4, 2, 4, 4), (4, 2, 1, 4), (4, 2, 3, 12), (6, 3, 4, 12),
 @pytest.mark.parametrize("saved_units, saved_ranks, ranks, units", UNITS)
 def test_units_and_who_runs_them(saved_units: int, saved_ranks: int, ranks: int, units: int) -> None:
     plan = plan_restore(layout(saved_units, saved_ranks), ranks)
-    assert plan.refusal is None and plan.units == units == restore_units(saved_units, ranks)
+    assert plan.units == units == restore_units(saved_units, ranks)
     assert plan.splits == (units != saved_units)
     every = []
     for rank in range(ranks):
@@ -65,13 +67,49 @@ def test_workers_get_the_units_of_their_rank_in_turn() -> None:
     assert plan_restore(layout(8, 2, 2), 2, 0).rank(1).workers == ((1, 3, 5, 7),)
 
 
-def test_more_workers_than_units_is_refused_with_the_count() -> None:
-    plan = plan_restore(layout(2, 2), 2, 2)
-    assert plan.refusal is not None
-    assert "each rank runs 1 logical shard(s)" in plan.refusal and "cannot keep 2 workers per rank busy" in plan.refusal
-    assert "use num_workers <= 1" in plan.refusal
-    one = plan_restore(layout(2, 1), 1, 3).refusal
-    assert one is not None and "cannot keep 3 workers busy" in one and "use num_workers <= 2" in one
+# (saved units, target ranks, target workers per rank): the units, every worker with one at least. The rule:
+# the saved units if the ranks share them equally and every worker has one; else lcm(M, R') if that does;
+# else lcm(M, R' x W'), where every worker has as many
+WORKERS = [(2, 1, 3, 6), (2, 1, 8, 8), (2, 1, 2, 2), (4, 1, 3, 4), (4, 2, 4, 8), (4, 3, 3, 12), (2, 4, 3, 12),
+           (1, 1, 2, 2), (6, 1, 4, 6), (6, 2, 4, 24)]
+
+
+@pytest.mark.parametrize("saved_units, ranks, workers, units", WORKERS)
+def test_more_workers_than_units_split_them_until_every_worker_has_one(saved_units: int, ranks: int, workers: int,
+                                                                       units: int) -> None:
+    plan = plan_restore(layout(saved_units, 1, 2), ranks, workers)
+    assert plan.units == units
+    assert units % saved_units == 0 and units % ranks == 0 and units // ranks >= workers
+    if units > math.lcm(saved_units, ranks):
+        assert units % (ranks * workers) == 0  # as many units for every worker
+    for rank in range(ranks):
+        assert len(plan.rank(rank).workers) == workers and all(plan.rank(rank).workers)
+        assert sorted(u for w in plan.rank(rank).workers for u in w) == list(plan.rank(rank).units)
+
+
+def test_later_epochs_run_as_the_units_the_layout_needs() -> None:
+    # saved on 2 workers (2 logical shards), at the end of the epoch: the next epochs on 3 workers run as
+    # 6 sub-shards; on 1 or 2 workers as the 2 logical shards, the saved run's stream
+    assert plan_restore(layout(2, 1, 2, finished=True), 1, 3).later_units == 6
+    assert not plan_restore(layout(2, 1, 2, finished=True), 1, 3).same_stream_later
+    one = plan_restore(layout(2, 1, 2), 1, 1)
+    assert one.later_units == 2 and one.same_stream_later
+    # a split epoch saved again: 6 units of 2 logical shards; 2 workers run the rest as the 6, later epochs as 2
+    again = plan_restore(layout(6, 1, 3, logical_shards=2), 1, 2)
+    assert (again.units, again.later_units) == (6, 2)
+
+
+def test_units_that_cannot_be_split_mid_epoch_run_the_rest_of_it_as_saved() -> None:
+    saved = replace(layout(2, 1, 2), no_split="1/datapipe shards its own data")
+    plan = plan_restore(saved, 1, 3)
+    assert plan.units == 2 and plan.rank(0).workers == ((0,), (1,)) and plan.later_units == 6
+    assert "not split (1/datapipe shards its own data)" in plan.describe()
+    assert plan_restore(replace(saved, finished=True), 1, 3).units == 6  # the next epoch splits from its start
+
+
+def test_the_epoch_units_of_a_fresh_epoch_with_workers() -> None:
+    assert [epoch_units(2, 1, w) for w in (0, 1, 2, 3, 4, 8)] == [2, 2, 2, 6, 4, 8]
+    assert [epoch_units(4, r, 2) for r in (1, 2, 3, 4)] == [4, 4, 12, 8]
 
 
 def test_first_samples_on_the_same_ranks_stay_with_their_rank() -> None:
@@ -109,7 +147,7 @@ def test_a_plan_for_1024_ranks_of_8_workers_onto_768_is_quick_and_reads_few_part
     plan = plan_restore(saved, 768, 8)
     reads = [len(plan.rank(r).reads) for r in range(768)]
     took = time.perf_counter() - start
-    assert plan.refusal is None and plan.units == 24576
+    assert plan.units == 24576
     assert max(reads) == 4  # 32 units a rank, 11 of them saved ones: (r + 768 k) % 1024 takes 4 values
     assert took < 30  # generous: the budget (under 1 s) is checked by `python -m benchmarks distributed`
 
@@ -121,8 +159,9 @@ def test_describe_says_who_runs_and_reads_what() -> None:
     assert "fewer than 3 sample(s) are dropped or repeated per epoch" in text
     lines = [line for line in text.splitlines() if line.strip().startswith(("0 ", "1 ", "2 "))]
     assert len(lines) == 3
-    refused = plan_restore(layout(2, 2), 2, 2).describe()
-    assert "refused: on 2 rank(s) each rank runs 1" in refused
+    assert "later epochs run as 12 sub-shard(s) of the 4 logical shard(s): the stream of a job started" in text
+    more = plan_restore(layout(2, 2, 1), 2, 2).describe()
+    assert "the rest of the saved epoch runs as 4 unit(s): each saved unit u is split into 2 sub-shard(s)" in more
 
 
 # -- from real snapshots ------------------------------------------------------------------------

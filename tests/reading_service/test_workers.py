@@ -147,16 +147,6 @@ def snapshot_with(service, factory=graphs.sharded, samples: int = 4):
     return helpers.snapshot_after(factory, samples, seed=0, reading_service=service)
 
 
-def test_more_workers_than_logical_shards_is_refused_before_anything_changes() -> None:
-    snap = snapshot_with(Workers(2))
-    loader = snapshot.DataLoader2(graphs.sharded(), reading_service=Workers(3))
-    with pytest.raises(snapshot.LayoutError, match="2 logical shard.*3 workers.*num_workers <= 2"):
-        loader.restore_snapshot(snap)
-    loader.shutdown()
-    with pytest.raises(snapshot.LayoutError, match="3 workers cannot share 2 logical"):
-        snapshot.DataLoader2(graphs.sharded(), reading_service=Workers(3, logical_shards=2)).__iter__()
-
-
 def test_a_different_explicit_logical_shards_is_refused() -> None:
     snap = snapshot_with(Workers(2))
     with pytest.raises(snapshot.LayoutError, match="logical_shards=3"):

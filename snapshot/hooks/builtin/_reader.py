@@ -5,6 +5,12 @@ stream's address (see :mod:`._streams`) and a position of the subclass's own (a 
 a member offset or index), never what it has read. A restore checks that the file did not
 change, reopens the address and continues from the position; the input, restored on its own,
 is already past that stream.
+
+A stream that no opener made (an ``io.StringIO`` in an ``IterableWrapper``, a stream of your own
+opener or an HTTP response) has no address. Then the state is the number of samples read from
+it, and a restore replays the reader's input up to that stream (one item per stream before it:
+see :meth:`~snapshot.hooks.ResumableIterator.replays_input`), which the reader reads again up to
+where it stood. Nothing of the stream is saved.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from abc import abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from snapshot.errors import RestoreError, SerializationError
+from snapshot.errors import RestoreError
 from snapshot.hooks._base import ResumableIterator
 from snapshot.hooks._registry import hook_for
 from snapshot.hooks.builtin._streams import address_key, address_of, check_unchanged, place_of, reopen, reopen_many
@@ -23,6 +29,8 @@ __all__ = ["KeepsAddresses", "OffsetReading", "StreamReading", "inflated_by", "r
 PATH = "path"
 ADDRESS = "address"
 AT = "at"
+#: Samples read from a stream that has no address (read again from its input's replay).
+READ = "read"
 
 #: How many pipes that pass samples on unchanged :func:`reopenable` looks through.
 _MAX_DEPTH = 32
@@ -47,7 +55,7 @@ def reopenable(node: Any, graph: Any) -> str | None:
     unpacked by archive loaders or ``decompress`` and passed through filters), else why not."""
     if any(getattr(it, "streams", None) == "opens" for _, it in _stream_chain(node, graph)):
         return None
-    return ("it reads streams that snapshot cannot reopen: they do not come from FileOpener, open_files_by_fsspec, "
+    return ("reads streams that snapshot cannot reopen: they do not come from FileOpener, open_files_by_fsspec, "
             "load_from_tar, load_from_zip or decompress (through filters only)")
 
 
@@ -98,6 +106,8 @@ class StreamReading(KeepsAddresses, ResumableIterator):
         self._stream: Any = None
         self._samples: Iterator[Any] | None = None
         self._saved: dict[str, Any] | None = None
+        self._read = 0  # samples read from the current stream
+        self._replayed: Any = None  # the current (path, stream) again, from the input's replay
 
     def fetch(self, address: Any) -> Any:
         stream = reopen(address[ADDRESS], address[AT])
@@ -157,12 +167,11 @@ class StreamReading(KeepsAddresses, ResumableIterator):
                                                            **self.address_extra()}
             yield sample
 
-    @classmethod
-    def can_restore(cls, node: Any, graph: Any) -> str | None:
-        return reopenable(node, graph)
 
     @classmethod
     def rereads(cls, node: Any, graph: Any) -> str | None:
+        if reopenable(node, graph) is not None:
+            return "reads its current stream again, from its input's replay, up to where it stood"
         inflating = inflated_by(node, graph)
         if not inflating:
             return None
@@ -181,6 +190,14 @@ class StreamReading(KeepsAddresses, ResumableIterator):
 
     #: What :meth:`position` counts, as :meth:`where` names it: ``offset`` (bytes) or ``entry`` (an index).
     position_name = "offset"
+
+    @classmethod
+    def replays_input(cls, node: Any, graph: Any) -> str | None:
+        why = reopenable(node, graph)
+        return None if why is None else f"{why}: its input is replayed up to the stream it was reading"
+
+    def replayed_input(self, item: Any) -> None:
+        self._replayed = item
 
     @abstractmethod
     def start(self, path: str, stream: Any) -> Iterator[Any]:
@@ -201,14 +218,34 @@ class StreamReading(KeepsAddresses, ResumableIterator):
                 if saved is not None:
                     self._saved = None
                     self._path = saved[PATH]
-                    self._samples = self.resume(saved[PATH], saved[ADDRESS], saved[AT])
+                    self._samples = self._resumed(saved)
                 else:
                     self._path, self._stream = next(self.inputs[0])
-                    self._samples = self.start(self._path, self._stream)
+                    self._samples, self._read = self.start(self._path, self._stream), 0
             try:
-                return next(self._samples)
+                sample = next(self._samples)
             except StopIteration:
                 self._samples = self._stream = None
+                continue
+            self._read += 1
+            return sample
+
+    def _resumed(self, saved: dict[str, Any]) -> Iterator[Any]:
+        """The samples after the saved position: from the reopened address, or from the stream its input's
+        replay gave again (read again up to where it stood)."""
+        if saved[ADDRESS] is not None:
+            return self.resume(saved[PATH], saved[ADDRESS], saved[AT])
+        if self._replayed is None:
+            raise RestoreError(
+                f"the DataPipe at {self.path} ({type(self.datapipe).__name__}) was reading {saved[PATH]}, a stream "
+                "that snapshot cannot reopen, and its input was not replayed up to it; restore this graph with "
+                "strategy='auto' or 'fast_forward'.")
+        path, self._stream = self._replayed
+        self._replayed = None
+        samples, self._read = self.start(path, self._stream), int(saved[READ])
+        for _ in range(self._read):
+            next(samples)
+        return samples
 
     def reopen(self, address: dict[str, Any], offset: Any = None) -> Any:
         """The stream at ``address`` (at ``offset``), now the current one."""
@@ -221,11 +258,8 @@ class StreamReading(KeepsAddresses, ResumableIterator):
         if self._samples is None:
             return {PATH: None, ADDRESS: None, AT: None}
         address = address_of(self._stream)
-        if address is None:
-            raise SerializationError(
-                f"the DataPipe at {self.path} ({type(self.datapipe).__name__}) is reading {self._path} from a "
-                "stream that snapshot cannot reopen (not opened by FileOpener, open_files_by_fsspec, "
-                "load_from_tar, load_from_zip or decompress); restore this graph with strategy='fast_forward'.")
+        if address is None:  # read again from its input's replay
+            return {PATH: self._path, ADDRESS: None, AT: None, READ: self._read}
         return {PATH: self._path, ADDRESS: address, AT: self.position()}
 
     def set_state(self, state: dict[str, Any]) -> None:
@@ -235,6 +269,8 @@ class StreamReading(KeepsAddresses, ResumableIterator):
                 f"snapshot, as a path and a count, in the middle of {state[PATH]}; restore this snapshot with "
                 "strategy='fast_forward'.")
         if state.get(ADDRESS) is None:
+            if state.get(READ) is not None:  # a stream with no address: its input's replay gives it again
+                self._saved = dict(state)
             return
         check_unchanged(state[ADDRESS])
         self._saved = dict(state)

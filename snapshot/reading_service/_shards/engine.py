@@ -212,7 +212,9 @@ class ShardEngine:
         """This engine's state: the part above the sharding point and each owned shard."""
         upstream = None
         if self._upstream is not None:
-            upstream = UpstreamState(shards=list(self.shards), nodes=self._upstream.capture(),
+            sinks = [self.graph[r].inputs[0] for r in self._routers]
+            replayed = make_plan(self.graph, self._upstream.counts(), RestoreStrategy.AUTO, sinks=sinks).replay
+            upstream = UpstreamState(shards=list(self.shards), nodes=self._upstream.capture(replayed),
                                      routers={r: router.state() for r, router in self._routers.items()
                                               if isinstance(router, Router)},
                                      persistent={p: s for p, s in capture_persistent(self.graph).items()
@@ -226,9 +228,9 @@ class ShardEngine:
                 shards[shard] = ShardState(produced=None, graph_exhausted=True, rng=self._rng.state(shard),
                                            persistent=persistent)
                 continue
-            records = run.capture()
-            plan = make_plan(graph, counts(records), RestoreStrategy.AUTO, sinks=[self.topology.shard_sink],
+            plan = make_plan(graph, run.counts(), RestoreStrategy.AUTO, sinks=[self.topology.shard_sink],
                              ports=frozenset(self.topology.routers))
+            records = run.capture(plan.replay)
             shards[shard] = ShardState(produced=run.yielded, graph_exhausted=run.exhausted, nodes=records,
                                        plan=plan.record(), rng=self._rng.state(shard),
                                        persistent=persistent)

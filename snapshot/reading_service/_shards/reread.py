@@ -28,12 +28,12 @@ from snapshot.engine.execution import Run, capture_persistent, restore_persisten
 from snapshot.engine.graph import ROOT, Graph
 from snapshot.engine.plan import RestoreStrategy, make_plan
 from snapshot.engine.randomness import pass_seed
-from snapshot.errors import LayoutError, ShardingError
+from snapshot.errors import ShardingError
 from snapshot.hooks._base import ResumableIterator
 from snapshot.reading_service._shards.routing import Router
 from snapshot.schema.state import NodeState, RouterState, ShardState
 
-__all__ = ["Reread", "check_one_pass", "reread"]
+__all__ = ["Reread", "later_pass", "reread"]
 
 NODES = "nodes"
 ROUTER = "router"
@@ -95,16 +95,14 @@ def reread(port: Any, key: tuple[int, ...], state: Mapping[str, Any] | None, *, 
     return Reread(port.datapipe, run, shared, port.shard, persistent)
 
 
-def check_one_pass(shards: Sequence[ShardState | None], routers: Sequence[str]) -> None:
-    """Refuse to split the units of a mid-epoch snapshot (a restore onto ranks that cannot share
-    them) when one of them was reading its sharding point again: sub-shards split a unit where
-    it had stopped in its first pass."""
+def later_pass(shards: Sequence[ShardState | None], routers: Sequence[str]) -> str | None:
+    """Why the units of a mid-epoch snapshot cannot be split into sub-shards when one of them was
+    reading its sharding point again (sub-shards split a unit where it stood in its first pass);
+    ``None`` when none was."""
     for unit, record in enumerate(shards):
         nodes = record.nodes if record is not None else {}
         for path in routers:
             if (node := nodes.get(path)) is not None and node.passes:
-                raise LayoutError(
-                    f"this mid-epoch snapshot was taken while unit {unit} read its sharding point {path} again "
-                    "(a later pass of a cycle below the sharding_filter), and its units cannot be shared equally "
-                    "by the ranks now running: restore on a number of ranks that divides the snapshot's units, or "
-                    "from a snapshot taken in the first pass or at the end of the epoch")
+                return (f"unit {unit} was reading its sharding point {path} again (a later pass of a cycle below "
+                        "the sharding_filter)")
+    return None

@@ -24,11 +24,11 @@ from snapshot.reading_service._rng import GlobalRNG
 from snapshot.reading_service._shards.engine import EngineState, ShardEngine
 from snapshot.reading_service._shards.merge import RoundRobin, merge_state_for, service_state
 from snapshot.reading_service._shards.recombine import parts, recombine
-from snapshot.reading_service._shards.split import split
+from snapshot.reading_service._shards.split import no_split, split, unsplittable
 from snapshot.reading_service._shards.tail import Tail, check_restarted
 from snapshot.reading_service._workers.reset import same_layout_problems
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint, as_record
-from snapshot.reading_service.reshard import ReshardPlan, SavedLayout, plan_restore
+from snapshot.reading_service.reshard import NO_SPLIT, ReshardPlan, SavedLayout, epoch_units, plan_restore
 from snapshot.schema import ServiceState
 
 __all__ = ["Executor", "LocalExecutor", "ShardedService", "resolve_logical_shards"]
@@ -107,6 +107,7 @@ class ShardedService(ReadingServiceInterface):
     def _clear(self) -> None:
         self._graph: Graph | None = None
         self._topology: Topology | None = None
+        self._analysis: Topology | None = None  # the graph's cut, whatever the units (_topology: for them)
         self._executor: Executor | None = None
         self._merge: RoundRobin | None = None
         self._seeds: EpochSeeds | None = None
@@ -114,11 +115,12 @@ class ShardedService(ReadingServiceInterface):
         self._units = 0  # this epoch's units: L, or sub-shards of them (see _split)
         self._owned: list[int] = []
         self._tail: Tail | None = None
+        self._next: int | None = None  # the units of the next epoch, after a restore split this one
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_graph=None, _topology=None, _executor=None, _merge=None, _seeds=None, _count=0, _units=0,
-                     _owned=[], _tail=None)
+        state.update(_graph=None, _topology=None, _analysis=None, _executor=None, _merge=None, _seeds=None, _count=0,
+                     _units=0, _owned=[], _tail=None, _next=None)
         return state
 
     # -- what subclasses decide -------------------------------------------------------------
@@ -162,7 +164,8 @@ class ShardedService(ReadingServiceInterface):
         graph = Graph(datapipe)
         analysis = analyze(graph)
         count = resolve_logical_shards(self.logical_shards, analysis, self._default_shards())
-        self.configure(datapipe, count, range(count), graph=graph, analysis=analysis)
+        units = epoch_units(count, 1, self.workers)
+        self.configure(datapipe, count, range(units), units, graph=graph, analysis=analysis)
         return _Output(self)
 
     def configure(self, datapipe: Any, count: int, shards: Sequence[int], units: int | None = None, *,
@@ -176,8 +179,11 @@ class ShardedService(ReadingServiceInterface):
         if graph is None or analysis is None:
             graph = Graph(datapipe)
             analysis = analyze(graph)
+        if not analysis.sharded and units > count:  # no sharding point to split at: the one shard, whole
+            units, shards = count, [s for s in shards if s < count]
         topology = analysis.for_shards(units)
         self._graph, self._topology, self._count, self._units = graph, topology, count, units
+        self._analysis = analysis
         self._owned = list(shards)
         self._executor = self._make_executor(datapipe, graph, self._topology, units, self._owned)
         if topology.tail:  # the part below a non-replicable pipe: once, here, over the merged stream
@@ -193,6 +199,9 @@ class ShardedService(ReadingServiceInterface):
     def initialize_iteration(
         self, seed_generator: SeedGenerator, iter_reset_fn: Callable[[Any], Any] | None = None
     ) -> Callable[[Any], Any] | None:
+        if self._next is not None:  # the epoch after a split restore starts whole (as this layout runs it)
+            units, self._next = self._next, None
+            self.run_units(units, range(units))
         executor, graph = self._require()
         self._seeds = epoch_seeds(seed_generator, graph, self._count)
         executor.start(self._seeds)
@@ -225,6 +234,9 @@ class ShardedService(ReadingServiceInterface):
         layout = self._layout()
         if self._units != self._count:
             layout["units"] = self._units
+        why = no_split(self._require_analysis(), one_piece=self._units == 1)
+        if why is not None:
+            layout[NO_SPLIT] = why
         state = service_state(type(self).__name__, layout, self._seeds, self._merge, engines, self._units)
         if self._tail is not None:
             state.tail = self._tail.capture()
@@ -234,18 +246,16 @@ class ShardedService(ReadingServiceInterface):
         """The re-shard plan of a restore of ``state`` onto this service alone (one rank)."""
         return plan_restore(SavedLayout.from_state(as_record(state)), 1, self.workers)
 
-    def validate(self, state: ServiceCheckpoint | ServiceState, plan: ReshardPlan | None = None) -> list[str]:
-        """Problems that stop a restore of ``state`` as ``plan`` says (default: this service's own)."""
+    def validate(self, state: ServiceCheckpoint | ServiceState) -> list[str]:
+        """Problems that stop a restore of ``state`` (no layout does: :func:`.plan_restore` splits units
+        where the ranks or workers need it)."""
         state = as_record(state)
-        plan = plan or self.plan(state)
         saved = state.logical_shards
         problems = same_layout_problems(state, self.reset_layout())
         if self.logical_shards is not None and self.logical_shards != saved:
             problems.append(f"the snapshot has {saved} logical shards but this service asks for logical_shards="
                             f"{self.logical_shards}; the number of logical shards is fixed by the first run (leave "
                             "logical_shards unset to take the saved value)")
-        if plan.refusal:
-            problems.append(plan.refusal)
         return problems
 
     def reset_layout(self) -> dict[str, Any] | None:
@@ -261,18 +271,23 @@ class ShardedService(ReadingServiceInterface):
             if self._executor is None:
                 self.initialize(datapipe)
             return _Output(self)
-        plan = plan or self.plan(state)
-        count, units, owned = state.logical_shards, plan.units, list(plan.rank(rank).units)
+        if plan is None:  # this service alone: its later epochs are its own to lay out
+            plan = self.plan(state)
+            self._next = epoch_units(state.logical_shards, 1, self.workers)
+        count = state.logical_shards
+        if self._graph is not None and self._analysis is not None:
+            graph, analysis = self._graph, self._analysis
+        else:
+            graph = Graph(self.prepare(datapipe))
+            analysis = analyze(graph)
+        units, owned = _restored_units(state, plan, rank, analysis)
         if self._executor is None or (count, units, owned) != (self._count, self._units, self._owned):
-            if self._graph is not None:
-                datapipe = self._graph.sink
-            elif self._executor is None:
-                datapipe = self.prepare(datapipe)
-            self.configure(datapipe, count, owned, units)
-        if plan.splits:
-            _log.info("re-sharding: the saved %d unit(s) of %d logical shard(s) run as %d on %d rank(s)", state.units,
-                      count, units, plan.ranks)
-            state = split(state, units, analyze(self._require()[1]), finished=plan.saved.finished)
+            self.configure(graph.sink, count, owned, units, graph=graph, analysis=analysis)
+        units, owned = self._units, self._owned  # (one unit, whole, where the graph has no sharding point)
+        if units != state.units:
+            _log.info("re-sharding: the saved %d unit(s) of %d logical shard(s) run as %d on %d rank(s) of %d "
+                      "worker(s)", state.units, count, units, plan.ranks, plan.workers)
+            state = split(state, units, analysis, finished=plan.saved.finished)
         saved_workers, workers = state.workers, int(self._layout()["workers"])
         if saved_workers != workers:
             _log.info("re-sharding: %d logical shard(s) saved with %d worker(s) per rank now run on %d "
@@ -294,6 +309,11 @@ class ShardedService(ReadingServiceInterface):
                 check_restarted(self._merge, merge_state_for(state, owned))
         return _Output(self)
 
+    def _require_analysis(self) -> Topology:
+        if self._analysis is None:
+            raise RuntimeError("initialize() must be called before iterating")
+        return self._analysis
+
     def _require(self) -> tuple[Executor, Graph]:
         if self._executor is None or self._graph is None:
             raise RuntimeError("initialize() must be called before iterating")
@@ -312,6 +332,20 @@ class ShardedService(ReadingServiceInterface):
         if self._merge is None:
             return iter(())
         return self._tail if self._tail is not None else self._merge
+
+
+def _restored_units(state: ServiceState, plan: ReshardPlan, rank: int, analysis: Topology) -> tuple[int, list[int]]:
+    """The units rank ``rank`` runs the rest of the saved epoch as: the plan's; or, where the saved units
+    cannot be split before the epoch ends and the ranks can share them, its share of them (on the workers
+    they keep busy: the next epoch is split from its start)."""
+    units, owned = plan.units, list(plan.rank(rank).units)
+    if units != state.units and state.units % plan.ranks == 0:
+        why = unsplittable(state, analysis)
+        if why is not None:
+            _log.info("re-sharding: the rest of the epoch runs as the saved %d unit(s), not split: %s", state.units,
+                      why)
+            return state.units, [u for u in range(state.units) if u % plan.ranks == rank]
+    return units, owned
 
 
 class _Output:

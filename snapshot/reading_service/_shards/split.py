@@ -21,11 +21,11 @@ from typing import Any
 
 from snapshot.engine.sharding import Topology
 from snapshot.errors import LayoutError
-from snapshot.reading_service._shards.reread import check_one_pass
+from snapshot.reading_service._shards.reread import later_pass
 from snapshot.reading_service._shards.routing import Deal
-from snapshot.schema import ServiceState, ShardState, UpstreamState
+from snapshot.schema import RouterState, ServiceState, ShardState, UpstreamState
 
-__all__ = ["split"]
+__all__ = ["cut", "no_split", "split", "unsplittable"]
 
 
 def split(state: ServiceState, units: int, topology: Topology, *, finished: bool) -> ServiceState:
@@ -41,9 +41,14 @@ def split(state: ServiceState, units: int, topology: Topology, *, finished: bool
     saved = state.units
     if units % saved:
         raise LayoutError(f"the snapshot's {saved} units cannot be split into {units}")
-    if units != saved and not finished:
-        _check_splittable(topology, saved, units)
-        check_one_pass(state.shards, topology.routers)
+    if units != saved and not finished and (why := unsplittable(state, topology)) is not None:
+        raise LayoutError(
+            f"this mid-epoch snapshot has {saved} unit(s), which the ranks now running cannot share equally, and "
+            f"they cannot be split into sub-shards before the epoch ends: {why}. Restore on a number of ranks "
+            f"that divides {saved} (any number of workers), or from a snapshot taken at the end of an epoch (the "
+            f"next epoch is split into {units} sub-shards from its start)")
+    if not state.upstream and topology.routers:
+        state = cut(state, topology)
     copies = state.upstream
     starts = _starts(copies)
     upstream = [_split_copy(copy, saved, units, starts) for copy in copies]
@@ -53,6 +58,30 @@ def split(state: ServiceState, units: int, topology: Topology, *, finished: bool
                    ranks=[replace(rank, merge=None) for rank in state.ranks])
 
 
+def cut(state: ServiceState, topology: Topology) -> ServiceState:
+    """``state`` of one logical shard run whole (one unit runs the graph in one piece, with no router),
+    cut at its sharding points as a run of more units would have saved it: the nodes above them become
+    the part above the sharding point, each ``sharding_filter`` a router that has dealt every sample it
+    passed to unit 0, and the rest stays the unit's."""
+    record = state.shards[0]
+    if record is None:
+        return state
+    above, nodes = set(topology.upstream), record.nodes
+    routers = {}
+    for path in topology.filters:
+        node = nodes.get(path)
+        kept = int(node.yielded or 0) if node is not None else 0
+        # the filter's own count of what it read (it keeps every sample unless sharded by hand)
+        read = int(node.state.get("index", kept)) if node is not None and isinstance(node.state, dict) else kept
+        routers[path] = RouterState(position=read, kept=kept, ended=record.graph_exhausted, next={0: kept},
+                                    queues={0: []})
+    copy = UpstreamState(shards=[0], nodes={p: n for p, n in nodes.items() if p in above}, routers=routers,
+                         persistent={p: v for p, v in record.persistent.items() if p in above})
+    below = {p: (replace(n, state=None) if p in routers else n) for p, n in nodes.items() if p not in above}
+    unit = replace(record, nodes=below, persistent={p: v for p, v in record.persistent.items() if p not in above})
+    return replace(state, upstream=[copy], shards=[unit, *state.shards[1:]])
+
+
 def _ended_like(parent: ShardState | None, sub: int) -> ShardState | None:
     """A new sub-unit's record: none (it starts fresh), or ended where its parent had ended."""
     if parent is None or not parent.graph_exhausted:
@@ -60,14 +89,25 @@ def _ended_like(parent: ShardState | None, sub: int) -> ShardState | None:
     return ShardState(produced=None, graph_exhausted=True, shard=sub, finished=True)
 
 
-def _check_splittable(topology: Topology, saved: int, units: int) -> None:
+def unsplittable(state: ServiceState, topology: Topology) -> str | None:
+    """Why the units of ``state``, saved in the middle of an epoch, cannot be split into sub-shards before
+    the epoch ends (``None``: they can). Not splitting them is exact too: they run as they are, on the
+    workers (and ranks) they can keep busy, and the next epoch is split from its start."""
+    one_piece = state.units == 1 and not state.upstream
+    return no_split(topology, one_piece=one_piece) or later_pass(state.shards, topology.routers)
+
+
+def no_split(topology: Topology, *, one_piece: bool) -> str | None:
+    """Why the units of a graph cut as ``topology`` says cannot be split mid-epoch, whatever their state
+    (so the same on every rank); ``one_piece``: one unit ran the graph whole, not cut at its sharding
+    point."""
     where = topology.replicated or topology.dispatchers
     if where:
-        raise LayoutError(
-            f"this mid-epoch snapshot has {saved} logical shard(s), which the ranks now running cannot share "
-            f"equally, and {where[0]} shards its own data (there is no sharding_filter to split them at): "
-            f"restore on a number of ranks that divides {saved}, or from a snapshot taken at the end of an epoch "
-            f"(the next epoch is split into {units} sub-shards from its start)")
+        return f"{where[0]} shards its own data (there is no sharding_filter to split its units at)"
+    if one_piece and topology.tail:
+        return (f"its one logical shard ran the whole graph, with the non-replicable tail below "
+                f"{topology.merge_point}, which more units run in the loader's process")
+    return None
 
 
 def _starts(copies: list[UpstreamState]) -> dict[str, dict[int, int]]:

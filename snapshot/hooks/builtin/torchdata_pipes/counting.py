@@ -48,7 +48,13 @@ class HeaderIterator(ResumableIterator):
 
 
 class CyclerIterator(ResumableIterator):
-    """``cycle(count)``: iterates its input again from the start, ``count`` times."""
+    """``cycle(count)``: iterates its input again from the start, ``count`` times. Below a
+    ``sharding_filter``, a snapshot taken in a later pass cannot split its logical shards into
+    sub-shards before the epoch ends (a sub-shard starts in the first pass): onto more workers the
+    rest of that epoch runs on the saved units; onto a number of ranks that does not divide them,
+    the restore is refused with a ``LayoutError`` (only a rank's own part says which of its units
+    is in a later pass, and the ranks must agree on the plan before they read); from the end of
+    the epoch, any layout."""
 
     def __init__(self, datapipe: Any, inputs: Any):
         super().__init__(datapipe, inputs)

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from snapshot.hooks._base import ResumableIterator, Stateless
-from snapshot.hooks.builtin._reader import KeepsAddresses, OffsetReading, StreamReading
+from snapshot.hooks.builtin._reader import KeepsAddresses, OffsetReading, StreamReading, reopenable
 from snapshot.hooks.builtin._streams import address_of, reopen, reopen_many
 
 __all__ = ["CSVParserIterator", "JsonParserIterator", "LineReaderIterator", "ParagraphAggregatorIterator",
@@ -151,6 +151,15 @@ class ParagraphAggregatorIterator(ResumableIterator):
 
 class JsonParserIterator(KeepsAddresses, Stateless):
     """``parse_json_files``: ``(path, json.loads(stream.read()))`` per stream."""
+
+    always_restorable = False
+
+    @classmethod
+    def replays_input(cls, node: Any, graph: Any) -> str | None:
+        # what it reads is whole: nothing to read again, but a buffer above it may hold streams, which
+        # a replay of its input (one item per stream) puts back where a state could not hold them
+        why = reopenable(node, graph)
+        return None if why is None else f"{why}: its input is replayed (one item per stream)"
 
     def next(self) -> Any:
         name, stream = next(self.inputs[0])

@@ -77,6 +77,13 @@ class InMemoryCacheIterator(ResumableIterator):
                 "dropped": self._dropped, "position": self._position, "prefix": self._prefix_read,
                 DONE: self._done}
 
+    @classmethod
+    def rewind(cls, datapipe: Any, state: dict[str, Any]) -> None:
+        # saved in the epoch that filled the cache (it is on the pipe once that epoch ended): the
+        # epoch began with none, so a replay of it fills it again from its input
+        if not state["serving"]:
+            datapipe.cache, datapipe.idx = deque(), 0
+
     def set_state(self, state: dict[str, Any]) -> None:
         self._serving = bool(state["serving"])
         self._cache = self.datapipe.cache if self._serving else deque(state["cache"])

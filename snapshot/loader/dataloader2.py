@@ -51,9 +51,8 @@ class DataLoader2(PausingMethods, Generic[T_co]):
         buffer_state: how buffering pipes (``shuffle``) save their samples in snapshots:
             ``"values"`` (the samples themselves) or ``"positions"`` (each sample's position
             upstream, re-produced on restore, where the pipes above can: an indexable source
-            followed by ``map``; elsewhere values, and the manifest says why). Positions make a
-            large shuffle buffer's snapshot small; they assume the map functions are
-            deterministic.
+            followed by ``map``; elsewhere values, and the manifest says why). Positions make a large
+            shuffle buffer's snapshot small; they assume the map functions are deterministic.
         code_changes: what restoring does when a function of the graph has other code than
             when the snapshot was saved: ``"refuse"`` (a ``GraphMismatchError`` naming it),
             ``"warn"`` or ``"allow"`` (see ``CodeChanges``; recorded in the manifest).
@@ -201,23 +200,19 @@ class DataLoader2(PausingMethods, Generic[T_co]):
     ) -> Snapshot | Future[str]:
         """Capture the current position; write it atomically to ``dest`` when given.
 
-        ``include_graph=False`` leaves the pickled graph out (restore then needs the graph
-        built in code). ``keep_last=K`` then removes older snapshots numbered like ``dest``
-        in its directory (``ckpt/step-{step}.snap``), keeping the K newest; see
-        ``snapshot.latest(directory)`` to find the newest. ``key`` (or ``$SNAPSHOT_KEY``) signs
-        the file. ``verify=K`` records fingerprints of the next K samples (computed ahead and
-        served from a buffer, so nothing is lost); restoring then checks the restored stream
-        against them.
+        ``include_graph=False`` leaves the pickled graph out (restore then needs the graph built in
+        code). ``keep_last=K`` then removes older snapshots numbered like ``dest`` in its directory
+        (``ckpt/step-{step}.snap``), keeping the K newest (``snapshot.latest(directory)``: the newest).
+        ``key`` (or ``$SNAPSHOT_KEY``) signs the file. ``verify=K`` records fingerprints of the next K
+        samples (computed ahead, served from a buffer); a restore checks its stream against them.
+        ``metadata``: plain JSON data (64 KiB at most) for this save's manifest only, given back by
+        ``Snapshot.metadata``; across ranks the index keeps rank 0's.
 
-        ``blocking=False`` (``dest`` a path) captures the position now, then pickles and writes
-        it in a background thread while iteration goes on (buffered tensors and other mutable
-        samples are copied first); it returns a ``concurrent.futures.Future`` of the path, or of the
-        reason the save failed (also logged, and raised by the next save or ``shutdown()`` unless read).
-        One save runs at a time per loader; a second, ``shutdown()`` and the exit wait for it (at most
-        30 min). The write is atomic, and across ranks the save stays synchronous (the future is done).
-
-        ``metadata``: plain JSON data (64 KiB at most: ``schema.manifest.check_metadata``) for this save's
-        manifest only, given back by ``Snapshot.metadata``; across ranks the index keeps rank 0's.
+        ``blocking=False`` (``dest`` a path) captures the position now, then writes it in a background
+        thread while iteration goes on (mutable samples copied first); it returns a ``Future`` of the
+        path, or of the reason the save failed (also logged, and raised by the next save or
+        ``shutdown()`` unless read). One save runs at a time; a second, ``shutdown()`` and the exit wait
+        for it (at most 30 min). Across ranks the save stays synchronous (the future is done).
         """
         return self._saver.save(dest, blocking=blocking, include_graph=include_graph, keep_last=keep_last,
                                 key=key, verify=verify, metadata=metadata)

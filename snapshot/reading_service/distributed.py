@@ -52,10 +52,9 @@ from snapshot.reading_service._ranks.even import (
     saved_sharing,
 )
 from snapshot.reading_service._shards.service import ShardedService, resolve_logical_shards
-from snapshot.reading_service._workers.reset import same_layout_problems
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint, as_record
 from snapshot.reading_service.in_process import InProcessReadingService
-from snapshot.reading_service.reshard import ReshardPlan, SavedLayout, epoch_units, plan_restore
+from snapshot.reading_service.reshard import ReshardPlan, SavedLayout, epoch_units, plan_restore, same_layout_problems
 from snapshot.schema import HANDOUT, ServiceState
 
 __all__ = ["Collective", "DistributedReadingService"]

@@ -34,7 +34,8 @@ from snapshot.reading_service._rng import GlobalRNG
 from snapshot.reading_service._shards.dispatch import Dispatcher
 from snapshot.reading_service._shards.service import Executor, LocalExecutor, ShardedService
 from snapshot.reading_service._workers.pool import WorkerPool
-from snapshot.reading_service._workers.reset import RESET_FN, callable_name
+from snapshot.reading_service._workers.reset import callable_name
+from snapshot.reading_service.reshard import RESET_FN
 
 __all__ = ["MultiProcessingReadingService"]
 

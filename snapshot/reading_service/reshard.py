@@ -19,21 +19,24 @@ changes. For each rank of the target it says
 What an equalizing policy drops or repeats is not predicted here: it is counted as the samples are
 read (see :mod:`snapshot.reading_service._ranks.even`): fewer than R' an epoch, whatever the plan.
 
+A snapshot taken with a ``worker_reset_fn`` restores only onto its own layout (that function sees
+workers): :func:`same_layout_problems` says why a target does not match.
+
 This module imports no torch: ``snapshot inspect --plan-for`` prints a plan from a file's manifest.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from snapshot import schema
-from snapshot.schema import Handout
+from snapshot.schema import Handout, ServiceState
 
-__all__ = ["NO_SPLIT", "RankPlan", "ReshardPlan", "SavedLayout", "Slice", "epoch_units", "plan_restore",
-           "restore_units", "units_for"]
+__all__ = ["NO_SPLIT", "RESET_FN", "RankPlan", "ReshardPlan", "SavedLayout", "Slice", "epoch_units", "plan_restore",
+           "restore_units", "same_layout_problems", "units_for"]
 
 
 #: The service layout's key for why its units cannot be split into sub-shards before the epoch ends (a
@@ -349,3 +352,43 @@ def _describe(plan: ReshardPlan, *, limit: int | None = 16) -> str:
                      "out the ranks share what is left, so fewer than "
                      f"{plan.ranks} sample(s) are dropped or repeated per epoch")
     return "\n".join(lines)
+
+
+#: The layout key of a snapshot taken with a ``worker_reset_fn``: ``{"function": name, "num_workers": n}``.
+RESET_FN = "worker_reset_fn"
+
+
+def same_layout_problems(saved: ServiceState | Mapping[str, Any], current: Mapping[str, Any] | None,
+                         ranks: int | None = None) -> list[str]:
+    """Why a snapshot cannot restore onto a service, as far as a ``worker_reset_fn`` goes.
+
+    ``saved`` is the snapshot's service record (or its layout); ``current`` is the service's :data:`RESET_FN` record
+    (``None`` when it calls no such function); ``ranks``, when given, the number of ranks the
+    restore runs on (a distributed service passes it).
+    """
+    if not isinstance(saved, ServiceState):
+        saved = ServiceState(service="", layout=dict(saved), shards=[])
+    before = saved.layout.get(RESET_FN)
+    if before is None and current is None:
+        return []
+    if before is None:
+        assert current is not None
+        return [f"this service calls worker_reset_fn={current['function']}, but the snapshot was taken without "
+                "one, so the function's effect on the saved epoch cannot be reproduced: restore onto a "
+                "MultiProcessingReadingService without worker_reset_fn (the loader's seeds already reseed every "
+                "random pipe each epoch)"]
+    wanted = (f"MultiProcessingReadingService(num_workers={before['num_workers']}, "
+              f"worker_reset_fn={before['function']})")
+    why = (f"the snapshot was taken with worker_reset_fn={before['function']} in {before['num_workers']} "
+           "worker(s); that function sees workers, so the stream depends on the layout and the snapshot "
+           f"restores only onto the same one: use {wanted} with the same logical shards and ranks")
+    if current is None:
+        return [f"{why} (this service calls no worker_reset_fn)"]
+    if int(current["num_workers"]) != int(before["num_workers"]):
+        return [f"{why} (this service has num_workers={current['num_workers']})"]
+    if current["function"] != before["function"]:
+        return [f"{why} (this service calls worker_reset_fn={current['function']})"]
+    saved_ranks = saved.world
+    if ranks is not None and ranks != saved_ranks:
+        return [f"{why} (the snapshot was taken on {saved_ranks} rank(s), this restore runs on {ranks})"]
+    return []

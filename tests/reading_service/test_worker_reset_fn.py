@@ -160,7 +160,7 @@ def test_with_no_workers_it_is_not_called_as_in_0_9() -> None:
 
 
 def test_another_number_of_ranks_is_refused_too() -> None:
-    from snapshot.reading_service._workers.reset import same_layout_problems
+    from snapshot.reading_service.reshard import same_layout_problems
 
     saved = {"ranks": 2, "worker_reset_fn": {"function": "m.f", "num_workers": 2}}
     current = {"function": "m.f", "num_workers": 2}

@@ -26,9 +26,15 @@ from snapshot.reading_service._shards.merge import RoundRobin, merge_state_for, 
 from snapshot.reading_service._shards.recombine import parts, recombine
 from snapshot.reading_service._shards.split import no_split, split, unsplittable
 from snapshot.reading_service._shards.tail import Tail, check_restarted
-from snapshot.reading_service._workers.reset import same_layout_problems
 from snapshot.reading_service.base import ReadingServiceInterface, ServiceCheckpoint, as_record
-from snapshot.reading_service.reshard import NO_SPLIT, ReshardPlan, SavedLayout, epoch_units, plan_restore
+from snapshot.reading_service.reshard import (
+    NO_SPLIT,
+    ReshardPlan,
+    SavedLayout,
+    epoch_units,
+    plan_restore,
+    same_layout_problems,
+)
 from snapshot.schema import ServiceState
 
 __all__ = ["Executor", "LocalExecutor", "ShardedService", "resolve_logical_shards"]

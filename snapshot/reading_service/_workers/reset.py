@@ -33,12 +33,8 @@ from snapshot.engine.randomness import EpochSeeds, SeedGenerator
 from snapshot.engine.sharding import WorkerInfo
 from snapshot.errors import ExecutionError
 from snapshot.reading_service._shards.engine import EngineState, ShardEngine
-from snapshot.schema import ServiceState
 
-__all__ = ["RESET_FN", "ResetEngine", "callable_name", "reset_generator", "same_layout_problems"]
-
-#: The layout key of a snapshot taken with a ``worker_reset_fn``: ``{"function": name, "num_workers": n}``.
-RESET_FN = "worker_reset_fn"
+__all__ = ["ResetEngine", "callable_name", "reset_generator"]
 
 _RESET_SALT = b"worker_reset_fn"  # the function's generator is drawn apart from every other seed
 
@@ -49,42 +45,6 @@ def callable_name(fn: Any) -> str:
     """``module.qualname`` of a function (of the function inside a ``functools.partial``)."""
     inner = getattr(fn, "func", fn)
     return f"{getattr(inner, '__module__', '?')}.{getattr(inner, '__qualname__', type(inner).__name__)}"
-
-
-def same_layout_problems(saved: ServiceState | Mapping[str, Any], current: Mapping[str, Any] | None,
-                         ranks: int | None = None) -> list[str]:
-    """Why a snapshot cannot restore onto a service, as far as a ``worker_reset_fn`` goes.
-
-    ``saved`` is the snapshot's service record (or its layout); ``current`` is the service's :data:`RESET_FN` record
-    (``None`` when it calls no such function); ``ranks``, when given, the number of ranks the
-    restore runs on (a distributed service passes it).
-    """
-    if not isinstance(saved, ServiceState):
-        saved = ServiceState(service="", layout=dict(saved), shards=[])
-    before = saved.layout.get(RESET_FN)
-    if before is None and current is None:
-        return []
-    if before is None:
-        assert current is not None
-        return [f"this service calls worker_reset_fn={current['function']}, but the snapshot was taken without "
-                "one, so the function's effect on the saved epoch cannot be reproduced: restore onto a "
-                "MultiProcessingReadingService without worker_reset_fn (the loader's seeds already reseed every "
-                "random pipe each epoch)"]
-    wanted = (f"MultiProcessingReadingService(num_workers={before['num_workers']}, "
-              f"worker_reset_fn={before['function']})")
-    why = (f"the snapshot was taken with worker_reset_fn={before['function']} in {before['num_workers']} "
-           "worker(s); that function sees workers, so the stream depends on the layout and the snapshot "
-           f"restores only onto the same one: use {wanted} with the same logical shards and ranks")
-    if current is None:
-        return [f"{why} (this service calls no worker_reset_fn)"]
-    if int(current["num_workers"]) != int(before["num_workers"]):
-        return [f"{why} (this service has num_workers={current['num_workers']})"]
-    if current["function"] != before["function"]:
-        return [f"{why} (this service calls worker_reset_fn={current['function']})"]
-    saved_ranks = saved.world
-    if ranks is not None and ranks != saved_ranks:
-        return [f"{why} (the snapshot was taken on {saved_ranks} rank(s), this restore runs on {ranks})"]
-    return []
 
 
 def reset_generator(seeds: EpochSeeds, worker: WorkerInfo) -> SeedGenerator:

@@ -58,6 +58,7 @@ The package imports neither torch nor dill: the command line uses it to inspect 
 """
 
 from snapshot.schema._fields import FORMAT_VERSION, check_format
+from snapshot.schema._lazy import Mapped, Records
 from snapshot.schema.layout import (
     HANDOUT,
     GraphDesc,
@@ -92,6 +93,7 @@ __all__ = [
     "Handout",
     "LoaderPosition",
     "Manifest",
+    "Mapped",
     "NodeDesc",
     "NodePosition",
     "NodeState",
@@ -106,6 +108,7 @@ __all__ = [
     "RankPosition",
     "RankServiceState",
     "RankState",
+    "Records",
     "RouterPosition",
     "RouterState",
     "SavedState",

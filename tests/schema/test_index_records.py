@@ -120,7 +120,7 @@ def test_a_forged_record_is_refused_wherever_it_is_used(directory: str, tmp_path
     assert plan.rank(0).units == (0,)  # a rank that does not continue unit 3 does not read its record
     with pytest.raises(snapshot.ManifestError) as info:
         plan.rank(3)  # the rank that continues it does, and refuses it, naming the field and the file
-    assert f"shards[3].nodes['" in str(info.value) and message in str(info.value)
+    assert "shards[3].nodes['" in str(info.value) and message in str(info.value)
     assert fmt.DIRECTORY_MANIFEST in str(info.value)
     with pytest.raises(snapshot.ManifestError, match=r"shards\[3\]\.nodes"):
         snapshot.load(forged)  # the whole directory: every record

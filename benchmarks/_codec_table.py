@@ -2,8 +2,9 @@
 
 1. Three states through ``snapshot.container._codec.encode``/``decode``, ``pickle`` (protocol 5) and
    ``msgpack.packb``/``unpackb`` (raw: its own types, an array as an ext of its bytes): 10,000 positions as
-   tuples of 3 ints, 12 small node states, 2,000 numpy arrays of 16 KiB. Minimum of ``repeat`` runs (a shared
-   machine stretches the others). Budgets: ours at most pickle's time, and at most 1.5x msgpack's raw time.
+   tuples of 3 ints, 12 small node states, 2,000 numpy arrays of 16 KiB. Minimum of ``repeat`` runs, the six
+   taken in turn (a shared machine stretches the others). Budgets: ours at most pickle's time, and at most 1.5x
+   msgpack's raw time.
 2. Through the public API, a user pipe (torchdata's ``Stateful`` protocol) that has read 10,000 items,
    whose state is a set of their ids and their 10,000 ``(file, offset, count)`` tuples:
    ``save_snapshot(path)`` against ``pickle.dump`` of the same state to a file, and, in a fresh
@@ -48,12 +49,15 @@ def states() -> dict[str, Any]:
     }
 
 
-def _fastest(run: Callable[[], Any], repeat: int) -> float:
-    best = float("inf")
+def _fastest(runs: dict[str, Callable[[], Any]], repeat: int) -> dict[str, float]:
+    """The fastest of ``repeat`` runs of each, taken in turn (so that a change of the machine's load while
+    they run stretches them alike)."""
+    best = dict.fromkeys(runs, float("inf"))
     for _ in range(repeat):
-        start = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - start)
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run()
+            best[name] = min(best[name], time.perf_counter() - start)
     return best
 
 
@@ -79,10 +83,10 @@ def _timed(value: Any, repeat: int) -> dict[str, tuple[float, float]]:
     ours, pickled = _codec.encode(value)[0], pickle.dumps(value, 5)
     pack, unpack = _msgpack(value)
     packed = pack()
-    return {"ours": (_fastest(lambda: _codec.encode(value), repeat), _fastest(lambda: _codec.decode(ours), repeat)),
-            "pickle": (_fastest(lambda: pickle.dumps(value, 5), repeat),
-                       _fastest(lambda: pickle.loads(pickled), repeat)),
-            "msgpack": (_fastest(pack, repeat), _fastest(lambda: unpack(packed), repeat))}
+    best = _fastest({"ours encode": lambda: _codec.encode(value), "ours decode": lambda: _codec.decode(ours),
+                     "pickle encode": lambda: pickle.dumps(value, 5), "pickle decode": lambda: pickle.loads(pickled),
+                     "msgpack encode": pack, "msgpack decode": lambda: unpack(packed)}, repeat)
+    return {name: (best[f"{name} encode"], best[f"{name} decode"]) for name in ("ours", "pickle", "msgpack")}
 
 
 def codec_rows(repeat: int) -> list[dict[str, Any]]:

@@ -172,10 +172,14 @@ Select = Callable[[schema.Manifest], Sequence[int] | None]
 
 
 def selected(index: format.Container, select: Select | None, *, source: str) -> list[schema.PartRecord]:
-    """The index's entries of the parts ``select`` names (all, without it or where it says ``None``)."""
+    """The index's entries of the parts ``select`` names (all, without it or where it says ``None``: then every
+    record of the index is checked in full too, as a reader of the whole snapshot uses them all)."""
     entries = list(index.info.parts)
     ranks = None if select is None else select(index.info)
     if ranks is None:
+        for records in (index.info.shards, index.info.upstream):
+            if isinstance(records, schema.Records):
+                records.check()
         return entries
     missing = sorted(set(ranks) - set(range(len(entries))))
     if missing:

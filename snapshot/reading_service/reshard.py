@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from snapshot import schema
@@ -85,8 +86,8 @@ class SavedLayout:
     handouts: tuple[Handout, ...] = ()
     #: Per unit, as the saving run counted them: samples produced and not yet taken, and items held
     #: in the buffers of its pipes below the sharding point (``None``: the unit is not described).
-    in_flight: tuple[int | None, ...] = ()
-    buffered: tuple[int | None, ...] = ()
+    in_flight: Sequence[int | None] = ()
+    buffered: Sequence[int | None] = ()
     #: Why the saved units cannot be split before the epoch ends (``None``: they can).
     no_split: str | None = None
 
@@ -102,13 +103,12 @@ class SavedLayout:
             handouts = tuple(r.handout or Handout() for r in manifest.ranks)
         else:
             handouts = (_handout(service.extra.get(schema.HANDOUT)),)
-        shards = list(manifest.shards) + [None] * (units - len(manifest.shards))
-        return cls(
+        return cls(  # the units' counts read when asked: an index's shard records are read when used
             logical_shards=service.logical_shards, units=units, ranks=service.ranks or 1,
             workers=service.workers or 0, owners=_owner_ranks(service.owners, units),
             finished=manifest.loader.epoch_finished, handouts=handouts, no_split=service.extra.get(NO_SPLIT),
-            in_flight=tuple(None if s is None else s.in_flight for s in shards),
-            buffered=tuple(None if s is None else sum(n.buffered for n in s.nodes.values()) for s in shards))
+            in_flight=schema.Mapped(manifest.shards, attrgetter("in_flight"), units),
+            buffered=schema.Mapped(manifest.shards, _buffered, units))
 
     @classmethod
     def from_state(cls, state: schema.ServiceState) -> SavedLayout:
@@ -130,6 +130,10 @@ class SavedLayout:
             handouts=handouts, no_split=layout.extra.get(NO_SPLIT),
             in_flight=tuple(None if s is None else len(s.in_flight) for s in shards),
             buffered=tuple(None if s is None else sum(n.buffered for n in s.nodes.values()) for s in shards))
+
+
+def _buffered(shard: schema.ShardPosition) -> int:
+    return sum(n.buffered for n in shard.nodes.values())
 
 
 def _handout(value: Any) -> Handout:

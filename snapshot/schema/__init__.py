@@ -53,11 +53,13 @@ written).
 
 The package imports neither torch nor dill: the command line uses it to inspect files. Its modules:
 :mod:`~snapshot.schema._fields` (constants and the field readers), :mod:`~snapshot.schema.layout`
-(what ran), :mod:`~snapshot.schema.positions` (where each part stood) and
-:mod:`~snapshot.schema.manifest` (the manifest and a directory's index).
+(what ran), :mod:`~snapshot.schema.positions` (where each part stood),
+:mod:`~snapshot.schema.manifest` (the manifest and a directory's index) and
+:mod:`~snapshot.schema._lazy` (an index's records of every shard, each read in full when used).
 """
 
 from snapshot.schema._fields import FORMAT_VERSION, check_format
+from snapshot.schema._lazy import Mapped, Records
 from snapshot.schema.layout import (
     HANDOUT,
     GraphDesc,
@@ -92,6 +94,7 @@ __all__ = [
     "Handout",
     "LoaderPosition",
     "Manifest",
+    "Mapped",
     "NodeDesc",
     "NodePosition",
     "NodeState",
@@ -106,6 +109,7 @@ __all__ = [
     "RankPosition",
     "RankServiceState",
     "RankState",
+    "Records",
     "RouterPosition",
     "RouterState",
     "SavedState",

@@ -9,6 +9,7 @@ from typing import Any
 
 from snapshot.schema._fields import (
     EVEN_BATCHES,
+    MAX_COUNT,
     SEED_SOURCES,
     SHARDED_SERVICES,
     T,
@@ -234,7 +235,14 @@ def _shard_keys(value: Any, where: str, read: Callable[[Any, str], T]) -> dict[s
 def _owners(value: Any, where: str) -> dict[str, Owner]:
     if isinstance(value, list):  # written before 0.1: the worker of each logical shard, in order
         return {str(shard): Owner.from_dict(worker, f"{where}[{shard}]") for shard, worker in enumerate(value)}
-    return _shard_keys(value, where, Owner.from_dict)
+    # an index lists an owner for every unit of the job: the plain ones read at once, any other in full
+    plain = {key: Owner(item["worker"], item["rank"]) for key, item in _object(value, where).items()
+             if type(item) is dict and _count(item.get("worker")) and _count(item.get("rank")) and key.isdigit()}
+    return plain if len(plain) == len(value) else _shard_keys(value, where, Owner.from_dict)
+
+
+def _count(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= MAX_COUNT
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,6 @@ from snapshot.schema._fields import (
     _Fields,
     _int,
     _object,
-    _optional,
     _records,
     _sha256,
     _show,
@@ -27,8 +27,9 @@ from snapshot.schema._fields import (
     _texts,
     check_format,
 )
+from snapshot.schema._lazy import index_shards, index_upstream, missing, unknown_node, upstream_shards
 from snapshot.schema.layout import GraphDesc, LoaderPosition, Randomness, RankPosition, ServiceLayout
-from snapshot.schema.positions import NodePosition, ShardPosition, UpstreamPosition, VerifyRecord
+from snapshot.schema.positions import ShardPosition, UpstreamPosition, VerifyRecord
 from snapshot.schema.saved import SavedState
 
 _SAVE_ID = re.compile(r"[0-9a-f]{12,32}")
@@ -188,8 +189,26 @@ def _save_id(value: Any, where: str) -> str:
     return value
 
 
+def _shard(value: Any, where: str) -> ShardPosition | None:
+    return None if value is None else ShardPosition.from_dict(value, where)
+
+
 def _shards(value: Any, where: str) -> tuple[ShardPosition | None, ...]:
-    return _records(value, where, _optional(ShardPosition.from_dict))
+    return _records(value, where, _shard)
+
+
+def _upstream(value: Any, where: str) -> tuple[UpstreamPosition, ...]:
+    return _records(value, where, UpstreamPosition.from_dict)
+
+
+def _position_readers(index: bool, source: str) -> tuple[Callable[[Any, str], Sequence[ShardPosition | None]],
+                                                         Callable[[Any, str], Sequence[UpstreamPosition]]]:
+    """How ``shards`` and ``upstream`` are read: in full, or (an index's, which lists every shard of the job,
+    few of which a rank's restore uses) checked for shape, each record in full when it is used."""
+    if not index:
+        return _shards, _upstream
+    return (lambda v, w: index_shards(v, w, _shard, source),
+            lambda v, w: index_upstream(v, w, UpstreamPosition.from_dict, source))
 
 
 def _parts(value: Any, where: str) -> tuple[PartRecord, ...]:
@@ -215,8 +234,9 @@ class Manifest:
     created: str | None = None
     versions: dict[str, str] = field(default_factory=dict)
     randomness: Randomness = field(default_factory=Randomness)
-    shards: tuple[ShardPosition | None, ...] = ()
-    upstream: tuple[UpstreamPosition, ...] = ()
+    #: One per logical shard (or unit); an index's are :class:`Records`, each read in full when used.
+    shards: Sequence[ShardPosition | None] = ()
+    upstream: Sequence[UpstreamPosition] = ()
     verify: VerifyRecord | None = None
     payload: PayloadRecord | None = None
     ranks: tuple[RankPosition, ...] = ()
@@ -239,6 +259,7 @@ class Manifest:
             version = check_format(f.required("format", lambda v, w: v), source)
             # first: an index naming files outside its directory is refused as such
             parts: tuple[PartRecord, ...] = f.get("parts", _parts, ())
+            shards, upstream = _position_readers(bool(parts), source)
             manifest = cls(
                 format=version,
                 created=f.get("created", _str, None),
@@ -247,8 +268,8 @@ class Manifest:
                 randomness=f.get("randomness", Randomness.from_dict, Randomness()),
                 graph=f.required("graph", GraphDesc.from_dict),
                 service=f.required("service", ServiceLayout.from_dict),
-                shards=f.required("shards", _shards),
-                upstream=f.get("upstream", lambda v, w: _records(v, w, UpstreamPosition.from_dict), ()),
+                shards=f.required("shards", shards),
+                upstream=f.get("upstream", upstream, ()),
                 verify=f.get("verify", VerifyRecord.from_dict, None),
                 payload=f.get("payload", PayloadRecord.from_dict, None),
                 ranks=f.get("ranks", lambda v, w: _records(v, w, RankPosition.from_dict), ()),
@@ -275,23 +296,18 @@ class Manifest:
             source = "logical_shards" if self.service.units is None else "units"
             raise _fail("shards", f"one entry per {what} ({count}, as service.{source} says)",
                         f"{len(self.shards)} entries")
-        if count is not None and self.service.rank is None:  # not a rank's part: every shard is here
-            for i, position in enumerate(self.shards):
-                if position is None:
-                    raise _fail(f"shards[{i}]", "the position of logical shard " + str(i) + " (only a rank's "
-                                "part leaves out the shards of other ranks)", None)
+        absent = missing(self.shards) if count is not None and self.service.rank is None else None
+        if absent is not None:  # not a rank's part: every shard is here
+            raise _fail(f"shards[{absent}]", f"the position of logical shard {absent} (only a rank's part leaves out "
+                        "the shards of other ranks)", None)
         paths = self.graph.paths()
-        records: list[tuple[str, dict[str, NodePosition]]] = [
-            (f"shards[{i}]", s.nodes) for i, s in enumerate(self.shards) if s is not None]
-        records += [(f"upstream[{i}]", u.nodes) for i, u in enumerate(self.upstream)]
-        for where, nodes in records:
-            for path in nodes:
-                if path not in paths:
-                    raise _fail(f"{where}.nodes", "paths of nodes of graph.nodes", path)
+        unknown = unknown_node(self.shards, "shards", paths) or unknown_node(self.upstream, "upstream", paths)
+        if unknown is not None:
+            raise _fail(f"{unknown[0]}.nodes", "paths of nodes of graph.nodes", unknown[1])
         units = self.service.extra.get("units")
         limit = None if count is None else max(count, units if isinstance(units, int) else 0)
-        for i, copy in enumerate(self.upstream):
-            for j, shard in enumerate(copy.shards):
+        for i, copy_shards in upstream_shards(self.upstream):
+            for j, shard in enumerate(copy_shards):
                 if limit is not None and shard >= limit:
                     raise _fail(f"upstream[{i}].shards[{j}]", f"a logical shard below {limit}", shard)
 

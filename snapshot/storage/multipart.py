@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Callable
@@ -58,6 +59,7 @@ __all__ = ["MANIFEST", "Select", "check_part", "commit", "distributed_manifest",
            "save_directory", "selected", "split_parts", "staging", "without_index", "write_part"]
 
 MANIFEST = format.DIRECTORY_MANIFEST
+_PART = re.compile(r"rank-\d{5}\.snap")
 part_name = schema.part_name
 
 
@@ -155,7 +157,8 @@ def without_index(root: str) -> str:
     """Why the directory ``root``, which has no index, is not a snapshot: a folder of snapshot files (a
     checkpoint folder of ``step-*.snap``) is named as such, with the way to pick the newest of them."""
     try:
-        held = sorted(name for name in os.listdir(root) if name.endswith(".snap") and not name.startswith("."))
+        held = sorted(name for name in os.listdir(root) if name.endswith(".snap") and not name.startswith(".")
+                      and not _PART.fullmatch(name))  # a part of a directory without its index is no snapshot
     except OSError:
         held = []
     newest = _rotation.latest(root) if held else None

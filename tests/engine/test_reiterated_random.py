@@ -483,4 +483,5 @@ def test_a_split_of_units_in_a_later_pass_is_refused(tmp_path: Any) -> None:
     directory = str(tmp_path / "data.snap")
     run_ranks(2, _rank_seen_then_saved, directory, 25)  # each rank in its second pass
     for message in run_ranks(3, _rank_refused, directory):
-        assert "read its sharding point 0/source_datapipe again" in message
+        assert "was reading its sharding point 0/source_datapipe again" in message
+        assert "Restore on a number of ranks that divides 2" in message

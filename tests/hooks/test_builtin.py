@@ -130,13 +130,20 @@ def test_routed_decoder(data_dir: str) -> None:
     assert native_epochs(decoded, epochs=1) == hooked_epochs(decoded, epochs=1)
 
 
-def test_stream_reader_without_a_file_opener_is_replayed(data_dir: str) -> None:
+def test_stream_reader_without_a_file_opener_replays_its_input(data_dir: str) -> None:
+    """A map between the opener and the reader hides where the stream came from: the reader keeps
+    its state and its input is replayed (not the reader itself), and the plan says why."""
     from snapshot.plan import RestoreStrategy, make_plan
 
-    graph = Graph(StreamReader(Mapper(FileOpener(FileLister(data_dir, "*.txt"), mode="b"), graphs._identity)))
+    def factory():
+        return StreamReader(Mapper(FileOpener(FileLister(data_dir, "*.txt"), mode="b"), graphs._identity))
+
+    graph = Graph(factory())
     plan = make_plan(graph, {"0": 3}, RestoreStrategy.AUTO)
-    assert "FileOpener" in plan.reasons["0"]
-    assert plan.drivers == (("0", 3),)
+    assert plan.method("0") == "state"
+    assert "FileOpener" in plan.reasons["0/datapipe"]
+    assert plan.drivers == (("0/datapipe", 0),)
+    assert_resumes_exactly(factory, epochs=1, strategies=("auto", "fast_forward"))
 
 
 @pytest.mark.parametrize("exc_case", ["forker_overflow", "demux_bad_class", "unbatch_too_deep", "grouper_fails"])

@@ -179,17 +179,24 @@ def test_a_file_that_changed_since_the_snapshot_is_refused(root: str) -> None:
     # (and here fails on the corrupted gzip, as the pipe itself would)
 
 
-def test_a_stream_that_cannot_be_reopened_is_replayed(root: str) -> None:
-    """A reader fed by a map that builds its own streams cannot be restored from state: the plan
-    replays it (and says why)."""
+def test_a_stream_that_cannot_be_reopened_replays_only_the_input(root: str) -> None:
+    """A reader fed by a map that builds its own streams cannot reopen its stream from an address:
+    it restores from its state, its input replayed up to the stream it was reading (the plan says
+    so), and reads that stream again up to where it stood; the stream is exact."""
     import torchdata.datapipes.iter as td
     from torch.utils.data.datapipes.iter import IterableWrapper, Mapper
 
-    dp = td.LineReader(Mapper(IterableWrapper([os.path.join(root, "table-0.csv")]), _open_plain))
-    graph = Graph(dp)
+    def factory() -> Any:
+        return td.LineReader(Mapper(IterableWrapper([os.path.join(root, f"table-{i}.csv") for i in range(2)]),
+                                    _open_plain))
+
+    graph = Graph(factory())
     plan = make_plan(graph, {n.path: 2 for n in graph}, RestoreStrategy.AUTO)
-    assert plan.method("0") == "replay"
-    assert "cannot reopen" in plan.reasons["0"]
+    assert plan.method("0") == "state"
+    assert plan.method("0/source_datapipe") == "replay"
+    assert "cannot reopen" in plan.reasons["0/source_datapipe"]
+    assert "its input is replayed up to the stream it was reading" in plan.reasons["0/source_datapipe"]
+    assert_resumes_exactly(factory, epochs=2, via_file=False)
 
 
 def _open_plain(path: str) -> Any:

@@ -42,9 +42,12 @@ def test_scale_benchmark_prints_its_rows_and_budgets(tmp_path: Path) -> None:
                for f in figures)
     by_value = {f["kind"]: f["size"] for f in figures if f["buffer_state"] == "values"}
     assert all(size > 100 * 4096 for size in by_value.values()), by_value
-    # memory: sync and background per by-value row; blocking: one per row
+    # memory: sync, background and restore per by-value row; blocking and positions saves: one per row;
+    # the codec's three states, encoded and decoded; a Stateful pipe's save and restore through the API
     assert sorted(v["budget"] for v in result["budgets"]) == sorted(
-        ["memory sync", "memory background"] * 2 + ["blocking positions"] * 2 + ["blocking values"] * 2)
+        ["memory sync", "memory background", "memory restore"] * 2 + ["blocking positions"] * 2
+        + ["blocking values"] * 2 + ["positions save"] * 2 + ["codec encode", "codec decode"] * 3
+        + ["api save", "api restore"])
     assert all(isinstance(v["pass"], bool) for v in result["budgets"])
 
 

@@ -32,8 +32,9 @@ OWNERS = ("schema/", "hooks/", "cli/")
 OWN_RECORDS: dict[str, set[str]] = {
     # SeedGenerator.state(): its two Philox streams
     "engine/randomness.py": {"shared", "shard"},
-    # a distributed snapshot's part info: its rank, file, size, sha256
-    "container/_parts.py": {"rank"},
+    # a distributed snapshot's part info (its rank, file, size, sha256), and a part's manifest as the
+    # index takes it (its positions: the manifest's keys, which share words with the state's)
+    "container/_parts.py": {"rank", "shards", "service", "upstream"},
     "storage/_object_directory.py": {"rank"},
     "storage/multipart.py": {"rank"},
     # a worker's set-up (its graph, shards, options), sent once when it starts

@@ -46,6 +46,7 @@ class _Extensions:
 
     _handlers: dict[type, Callable[[Any], Any]]
     _packers: list[msgpack.Packer]
+    _surrogates: bool
     _depth: int
     _objects: list[Any]
     _buffers: list[Any]
@@ -70,6 +71,13 @@ class _Extensions:
             return self._chunk
         return self._pickle
 
+    def _packer(self) -> msgpack.Packer:
+        # msgpack packs a str by its fast UTF-8 path unless told how to treat lone surrogates; then it
+        # encodes each str through Python's codec (1.6x the time of a list of paths): a packer says so
+        # only once a str that needs it was met (the bytes of any other str are the same either way)
+        options = types.SURROGATES if self._surrogates else types.PACK_OPTIONS
+        return msgpack.Packer(default=self._default, **options)
+
     def _nested(self, items: Any) -> bytes:
         """``items`` packed as the body of an ext value (by a packer of the next level: msgpack's own
         packer is in the middle of a value)."""
@@ -77,7 +85,7 @@ class _Extensions:
         if depth > types.MAX_DEPTH:
             raise TooDeep
         if depth == len(self._packers):
-            self._packers.append(msgpack.Packer(default=self._default, **types.PACK_OPTIONS))
+            self._packers.append(self._packer())
         self._depth = depth
         try:
             data: bytes = self._packers[depth].pack(items)
@@ -189,7 +197,8 @@ class Encoder(_Extensions):
         self._buffers: list[Any] = []  # arrays and flat tensors whose bytes follow the tree, in order
         self._buffered = 0  # their bytes, not yet written
         self._objects: list[Any] = []  # the values not data, by index (``pickled`` names them)
-        self._packers = [msgpack.Packer(default=self._default, **types.PACK_OPTIONS)]
+        self._surrogates = False  # whether a str with lone surrogates was met (see _packer)
+        self._packers = [self._packer()]
         self._depth = 0
         self._root = ""
         self._path: list[list[Any]] = []
@@ -280,16 +289,35 @@ class Encoder(_Extensions):
     def _pack(self, value: Any, steps: list[tuple[str, Any]], base: int = 0) -> bytes:
         """``value`` packed by msgpack; a value it cannot pack (a cycle, nesting past the bounds) is packed
         again with those containers marked as not data."""
-        objects, buffers, buffered = len(self._objects), len(self._buffers), self._buffered
+        marks = len(self._objects), len(self._buffers), self._buffered
+        try:
+            data = self._packed(value, marks)
+        except UnicodeEncodeError:  # a str with lone surrogates, which msgpack's fast path refuses
+            if self._surrogates:  # pragma: no cover - "surrogatepass" encodes every str
+                raise
+            self._undo(marks)
+            self._surrogates = True  # from here on, every str goes through Python's codec (slower)
+            self._packers = [self._packer()]
+            data = self._packed(value, marks)
+        if len(self._objects) > marks[0]:
+            self._name(value, marks[0], steps, base)
+        return data
+
+    def _packed(self, value: Any, marks: tuple[int, int, int]) -> bytes:
         try:
             data: bytes = self._packers[0].pack(value)
+        except UnicodeEncodeError:
+            raise
         except (ValueError, RecursionError, TooDeep):
-            del self._objects[objects:], self._buffers[buffers:]
-            self._buffered, self._depth = buffered, 0
+            self._undo(marks)
             data = self._packers[0].pack(bounded(value, cycles(value)))
-        if len(self._objects) > objects:
-            self._name(value, objects, steps, base)
         return data
+
+    def _undo(self, marks: tuple[int, int, int]) -> None:
+        """Forget what a failed pack set aside (values not data, buffers) after ``marks``."""
+        objects, buffers, self._buffered = marks
+        del self._objects[objects:], self._buffers[buffers:]
+        self._depth = 0
 
     def _emit(self, data: bytes | memoryview) -> None:
         if len(data) >= _FLUSH_AT:

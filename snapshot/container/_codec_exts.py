@@ -90,19 +90,10 @@ class ExtValues:
         return tuple(self._items(data, "tuple"))
 
     def _set(self, data: bytes) -> set[Any]:
-        return set(self._hashable(self._items(data, "set"), "set member"))
+        return _members(set, self._items(data, "set"), "set member")
 
     def _frozenset(self, data: bytes) -> frozenset[Any]:
-        return frozenset(self._hashable(self._items(data, "frozenset"), "frozenset member"))
-
-    @staticmethod
-    def _hashable(items: list[Any], what: str) -> list[Any]:
-        for item in items:
-            try:
-                hash(item)
-            except TypeError:
-                raise Corrupt(f"a {what} of type {type(item).__name__}, which is not hashable") from None
-        return items
+        return _members(frozenset, self._items(data, "frozenset"), "frozenset member")
 
     def _complex(self, data: bytes) -> complex:
         if len(data) != _COMPLEX.size:
@@ -245,3 +236,17 @@ _DTYPES: dict[str, Any] = {}
 def shown(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _members(kind: Any, items: list[Any], what: str) -> Any:
+    """``kind(items)`` (a set or frozenset: each member hashed in C), or ``Corrupt`` naming an unhashable one."""
+    try:
+        return kind(items)
+    except TypeError:
+        pass
+    for item in items:
+        try:
+            hash(item)
+        except TypeError:
+            raise Corrupt(f"a {what} of type {type(item).__name__}, which is not hashable") from None
+    raise Corrupt(f"a {what} that is not hashable")  # pragma: no cover - set() and hash() agree

@@ -174,7 +174,9 @@ def torch_dtype_names() -> dict[torch.dtype, str]:
 TUPLE, SET, FROZENSET, BIGINT, COMPLEX, BYTEARRAY, DEQUE, RANGE = 1, 2, 3, 4, 5, 6, 7, 8
 DEFAULTDICT, CHUNK, ARRAY, NUMPY_SCALAR, TENSOR, PICKLED, ROWS = 9, 10, 11, 12, 13, 14, 15
 #: The options both halves give msgpack: exact types (a subclass, a tuple, is not taken for a list or a
-#: str), binary for bytes, any Python str (lone surrogates too).
-PACK_OPTIONS: dict[str, Any] = {"strict_types": True, "use_bin_type": True, "unicode_errors": "surrogatepass"}
+#: str), binary for bytes, any Python str (lone surrogates too: the encoder packs with ``SURROGATES``
+#: once it meets one, the decoder always reads them).
+PACK_OPTIONS: dict[str, Any] = {"strict_types": True, "use_bin_type": True}
+SURROGATES: dict[str, Any] = {**PACK_OPTIONS, "unicode_errors": "surrogatepass"}
 UNPACK_OPTIONS: dict[str, Any] = {"raw": False, "use_list": True, "strict_map_key": False,
                                   "unicode_errors": "surrogatepass"}

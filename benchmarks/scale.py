@@ -180,9 +180,9 @@ def run(repeat: int = 1, json_path: str | None = None, large: bool = False, item
     unknown = sorted(set(kinds) - set(ITEM_KINDS))
     if unknown or not kinds:
         raise SystemExit(f"--items {items!r}: choose from {','.join(ITEM_KINDS)}")
-    codec = _codec_table.run(repeat)
-    print()
     cases = [parse_case(only)] if only else [(buffer, size) for size in ITEMS for buffer in BUFFERS]
+    codec = _codec_table.run(repeat)  # after the arguments are checked: it takes most of a minute
+    print()
     figures, rows, dcp_rows = [], [], []
     for buffer, size in cases:
         if size * buffer > 1e9 and not large:

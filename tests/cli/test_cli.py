@@ -27,7 +27,9 @@ from tests import graphs, helpers
 def _command_and_env(env: dict[str, str] | None) -> tuple[list[str], dict[str, str]]:
     exe = shutil.which("snapshot", path=os.path.dirname(sys.executable))
     command = [exe] if exe else [sys.executable, "-m", "snapshot"]
-    child_env = {k: v for k, v in os.environ.items() if k != fmt.KEY_ENV}
+    # no $COLUMNS unless a test sets it: the output goes to a pipe, so lines are whole (pytest-xdist's
+    # workers export COLUMNS=80, which would fold them)
+    child_env = {k: v for k, v in os.environ.items() if k not in (fmt.KEY_ENV, "COLUMNS", "LINES")}
     child_env["PYTHONWARNINGS"] = "ignore"
     child_env.update(env or {})
     return command, child_env

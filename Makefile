@@ -62,8 +62,9 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy snapshot
 
+# two pytest processes, each test file whole in one (--dist loadfile: a file's fixtures are set up once)
 unit: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 # torchdata >= 0.10: StatefulDataLoader and torchdata.nodes (tests/torchdata_new is skipped in .venv)
 unit-torchdata: $(TD_STAMP)

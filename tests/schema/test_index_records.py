@@ -59,8 +59,10 @@ def _forged(directory: str, dest: Path, edit: Any) -> str:
 
 def _run(*args: str) -> tuple[int, str]:
     out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        code = main(list(args))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("COLUMNS", raising=False)  # whole lines, however the test runner set the width
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            code = main(list(args))
     return code, out.getvalue()
 
 

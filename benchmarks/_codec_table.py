@@ -152,14 +152,7 @@ def _api_case(kind: str, path: str) -> dict[str, float]:
         measure = _restore if kind == "restore" else _pickle_load
         first = measure(path)
         return {"seconds": first, "again": measure(path)}
-    loader: Any = snapshot.DataLoader2(stateful_graph())
-    it = iter(loader)
-    for _ in range(10_000):
-        next(it)
-    pipe = loader.datapipe
-    while not hasattr(pipe, "seen"):
-        pipe = pipe.source
-    state = pipe.state_dict()
+    loader, state = _read_10_000()
     start = time.perf_counter()
     loader.save_snapshot(path)
     save = time.perf_counter() - start
@@ -169,10 +162,8 @@ def _api_case(kind: str, path: str) -> dict[str, float]:
     return {"save": save, "pickle_dump": time.perf_counter() - start}
 
 
-def in_process(repeat: int) -> dict[str, dict[str, float]]:
-    """In one process, the fastest of ``repeat`` runs of each (taken in turn), in wall and in CPU time (which
-    waiting for a core on a shared machine does not stretch, nor do fsyncs): ``save_snapshot``, ``pickle.dump``,
-    a restore to the first sample (loader built), ``pickle.load``."""
+def _read_10_000() -> tuple[Any, Any]:
+    """A loader of :func:`stateful_graph` that has read 10,000 items, and its pipe's state."""
     import snapshot
 
     loader: Any = snapshot.DataLoader2(stateful_graph())
@@ -182,7 +173,15 @@ def in_process(repeat: int) -> dict[str, dict[str, float]]:
     pipe = loader.datapipe
     while not hasattr(pipe, "seen"):
         pipe = pipe.source
-    state = pipe.state_dict()
+    return loader, pipe.state_dict()
+
+
+def in_process(repeat: int) -> dict[str, dict[str, float]]:
+    """In one process, the fastest of ``repeat`` runs of each (taken in turn), in wall and in CPU time (which
+    waiting for a core on a shared machine does not stretch, nor do fsyncs): ``save_snapshot``, ``pickle.dump``,
+    a restore to the first sample (loader built), ``pickle.load``."""
+
+    loader, state = _read_10_000()
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "api.snap")
 

@@ -62,9 +62,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy snapshot
 
-# two pytest processes, each test file whole in one (--dist loadfile: a file's fixtures are set up once)
+# two pytest processes, each test file whole in one (--dist loadfile: a file's fixtures are set up once),
+# the longest files first (tests/conftest.py's LONGEST_FIRST; xdist would start the files with most tests first)
 unit: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	$(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder
 
 # torchdata >= 0.10: StatefulDataLoader and torchdata.nodes (tests/torchdata_new is skipped in .venv)
 unit-torchdata: $(TD_STAMP)

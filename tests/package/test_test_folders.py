@@ -67,3 +67,13 @@ def test_the_check_finds_a_loose_file_an_unknown_folder_and_a_missing_init(tmp_p
         "engine/test_graph.py", "storage/deeper/test_deep.py", "test_loose.py"]
     assert misplaced(tmp_path, {"storage", "engine"})[-2:] == [
         "engine/: no __init__.py (test basenames repeat across folders)", "engine/: not described in tests/README.md"]
+
+
+def test_the_files_run_first_exist_and_come_first() -> None:
+    """tests/conftest.py's ``LONGEST_FIRST`` (the order ``make unit`` starts files in) names files that exist:
+    a moved or renamed file would silently drop back to the end of the run."""
+    from tests.conftest import LONGEST_FIRST
+
+    missing = [path for path in LONGEST_FIRST if not (ROOT / path).is_file()]
+    assert not missing, f"tests/conftest.py's LONGEST_FIRST names files that do not exist: {missing}"
+    assert len(set(LONGEST_FIRST)) == len(LONGEST_FIRST)

@@ -92,7 +92,7 @@ def run(script: str, *args: str, cwd: Path, ok: bool = True) -> subprocess.Compl
     return proc
 
 
-def write_scripts(tmp_path: Path, *, save: str = SAVE, service_a: str = "None", service_b: str = "",
+def write_scripts(tmp_path: Path, *, save: str = SAVE, service_a: str = "None",
                   extra: str = "") -> tuple[Path, Path]:
     """Script A in ``tmp_path/a``, script B in ``tmp_path/b``: neither can import the other."""
     a_dir, b_dir = tmp_path / "a", tmp_path / "b"
@@ -100,25 +100,33 @@ def write_scripts(tmp_path: Path, *, save: str = SAVE, service_a: str = "None", 
     b_dir.mkdir()
     script_a = SCRIPT_A.replace("{service}", f"service = {service_a}").replace("{save}", save)
     (a_dir / "train.py").write_text(script_a.replace("{extra}", extra))
-    (b_dir / "resume.py").write_text(SCRIPT_B.replace("{service}", service_b))
+    (b_dir / "resume.py").write_text(SCRIPT_B.replace("{service}", ""))
     return a_dir, b_dir
 
 
-@pytest.mark.parametrize(("service_a", "service_b", "save", "target"), [
-    ("None", "", SAVE, "data.snap"),
-    ("snapshot.MultiProcessingReadingService(2)", "", SAVE, "data.snap"),
-    ("snapshot.MultiProcessingReadingService(2)",
-     "snapshot.MultiProcessingReadingService(2, multiprocessing_context='spawn')", SAVE, "data.snap"),
-    ("None", "", STATE, "state.pt"),
-], ids=["in_process", "workers", "spawned_workers", "state_dict"])
-def test_a_scripts_functions_restore_in_another_script(tmp_path, service_a, service_b, save, target) -> None:
-    a_dir, b_dir = write_scripts(tmp_path, save=save, service_a=service_a,
-                                 service_b=f"reading_service={service_b}" if service_b else "")
+SPAWNED = "reading_service=snapshot.MultiProcessingReadingService(2, multiprocessing_context='spawn')"
+
+
+@pytest.mark.parametrize(("service_a", "spawned", "save", "target"), [
+    ("None", False, SAVE, "data.snap"),
+    ("snapshot.MultiProcessingReadingService(2)", True, SAVE, "data.snap"),
+    ("None", False, STATE, "state.pt"),
+], ids=["in_process", "workers", "state_dict"])
+def test_a_scripts_functions_restore_in_another_script(tmp_path, service_a, spawned, save, target) -> None:
+    """B restores in-process; a save by workers is also restored by B's spawned workers (which import B
+    again), from the same file (one run of A for both)."""
+    a_dir, b_dir = write_scripts(tmp_path, save=save, service_a=service_a)
     path = tmp_path / target
     saved = json.loads(run("train.py", str(path), cwd=a_dir).stdout)
     assert len(saved["rest"]) > 10
     rest = json.loads(run("resume.py", str(path), cwd=b_dir).stdout)
     assert rest == saved["rest"]
+    if spawned:
+        spawn_dir = tmp_path / "b-spawned"
+        spawn_dir.mkdir()
+        (spawn_dir / "resume.py").write_text(SCRIPT_B.replace("{service}", SPAWNED))
+        rest = json.loads(run("resume.py", str(path), cwd=spawn_dir).stdout)
+        assert rest == saved["rest"]
 
 
 UNPICKLABLE = """

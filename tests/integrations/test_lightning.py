@@ -229,13 +229,20 @@ def _free_port() -> int:
     return free_port()
 
 
-def check_resumes(tmp_path: Path, *, devices: int, workers: int, resume_workers: int, every: int,
-                  ends: list[str], twice: str | None = None) -> None:
-    """Resume from mid-epoch and end-of-epoch checkpoints; with ``twice``, resume again from the
-    checkpoint ``twice`` that a resumed run (from the first end of epoch) wrote."""
-    checkpoints = tmp_path / "ckpt"
-    run(tmp_path, {"task": "train", "devices": devices, "workers": workers, "checkpoints": str(checkpoints),
+def train(tmp_path: Path, *, devices: int, workers: int, every: int) -> None:
+    """An uninterrupted fit of STEPS steps: its batches in ``tmp_path``, its checkpoints in ``tmp_path/ckpt``."""
+    run(tmp_path, {"task": "train", "devices": devices, "workers": workers, "checkpoints": str(tmp_path / "ckpt"),
                    "every": every})
+
+
+def check_resumes(tmp_path: Path, *, devices: int, workers: int, resume_workers: int, every: int,
+                  ends: list[str], twice: str | None = None, trained: bool = False) -> None:
+    """Resume from mid-epoch and end-of-epoch checkpoints; with ``twice``, resume again from the
+    checkpoint ``twice`` that a resumed run (from the first end of epoch) wrote. With ``trained``,
+    :func:`train` has run in ``tmp_path`` already."""
+    checkpoints = tmp_path / "ckpt"
+    if not trained:
+        train(tmp_path, devices=devices, workers=workers, every=every)
     full = read_results(tmp_path, "train")
     assert len(full) == devices
     names = [f"step={every}", f"step={2 * every}", *ends]
@@ -262,26 +269,32 @@ def check_resumes(tmp_path: Path, *, devices: int, workers: int, resume_workers:
             assert got["seen"] == seen[start:], f"rank {rank}, resumed from {name} (step {start})"
 
 
-def test_fit_resumes_mid_epoch_with_the_same_batches(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def one_device(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fit on one device without workers, a checkpoint every 6 steps (one Lightning job for two tests)."""
+    directory = tmp_path_factory.mktemp("one-device")
+    train(directory, devices=1, workers=0, every=6)
+    return directory
+
+
+def test_fit_resumes_mid_epoch_with_the_same_batches(one_device: Path) -> None:
     # 15 batches per epoch: checkpoints at steps 6 and 12 (mid-epoch 0) and after epoch 0 (step
     # 15); each resume runs to step 20, across the start of epoch 1 (new seeds).
     # A run resumed from the end of epoch 0 writes a checkpoint at step 18, and a third run resumes
     # from that one (a restore of a restore).
-    check_resumes(tmp_path, devices=1, workers=0, resume_workers=0, every=6, ends=["end-epoch=0"],
-                  twice="step=18")
-    service = read_results(tmp_path, "train")[0]["service"]
+    check_resumes(one_device, devices=1, workers=0, resume_workers=0, every=6, ends=["end-epoch=0"],
+                  twice="step=18", trained=True)
+    service = read_results(one_device, "train")[0]["service"]
     assert service == "InProcessReadingService"
 
 
-def test_a_checkpoint_lightning_did_not_load_is_an_error_not_a_wrong_stream(tmp_path: Path) -> None:
+def test_a_checkpoint_lightning_did_not_load_is_an_error_not_a_wrong_stream(one_device: Path,
+                                                                            tmp_path: Path) -> None:
     # Lightning does not load dataloader states when configure_optimizers reads
     # trainer.estimated_stepping_batches (with max_epochs set): the loader would silently start
     # the epoch over; LightningLoader stops before a training step sees a wrong batch.
-    checkpoints = tmp_path / "ckpt"
-    run(tmp_path, {"task": "train", "devices": 1, "workers": 0, "checkpoints": str(checkpoints), "every": 6,
-                   "steps": 6})
     run(tmp_path, {"task": "resume", "devices": 1, "workers": 0, "estimate": True,
-                   "resume": [str(checkpoints / "step=6.ckpt")]})
+                   "resume": [str(one_device / "ckpt" / "step=6.ckpt")]})
     (resumed,) = read_results(tmp_path, "resume")
     error = resumed["step=6"]["error"]
     assert "the loader's state in the checkpoint was not loaded" in error

@@ -115,21 +115,28 @@ _TORCHDATA_RUN = """
 import json, sys
 from torchdata.dataloader2 import DataLoader2, MultiProcessingReadingService
 from tests.reading_service.test_dispatch import zipped
-loader = DataLoader2(zipped(*json.loads(sys.argv[1])), reading_service=MultiProcessingReadingService(2))
-print(json.dumps(list(loader)))
-loader.shutdown()
+streams = []
+for case in json.loads(sys.argv[1]):
+    loader = DataLoader2(zipped(*case), reading_service=MultiProcessingReadingService(2))
+    streams.append(list(loader))
+    loader.shutdown()
+print(json.dumps(streams))
 """
 
 
 def test_zipped_branches_match_torchdata_0_9() -> None:
     pytest.importorskip("torchdata.dataloader2")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    for n, m in [(20, None), (7, 20)]:
-        # in a process of its own: torchdata's dispatching process outlives its loader's shutdown
-        done = subprocess.run([sys.executable, "-c", _TORCHDATA_RUN, json.dumps([n, m])], capture_output=True,
-                              text=True, timeout=120, cwd=root, env={**os.environ, "PYTHONPATH": root})
-        assert done.returncode == 0, done.stderr[-2000:]
-        theirs = [tuple(pair) for pair in json.loads(done.stdout.strip().splitlines()[-1])]
+    cases = [(20, None), (7, 20)]
+    # in a process of its own (one for both cases: a process imports torchdata in seconds): torchdata's
+    # dispatching process outlives its loader's shutdown
+    done = subprocess.run([sys.executable, "-c", _TORCHDATA_RUN, json.dumps(cases)], capture_output=True,
+                          text=True, timeout=120, cwd=root, env={**os.environ, "PYTHONPATH": root})
+    assert done.returncode == 0, done.stderr[-2000:]
+    streams = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(streams) == len(cases)
+    for (n, m), stream in zip(cases, streams):
+        theirs = [tuple(pair) for pair in stream]
         (ours,) = run(functools.partial(zipped, n, m), workers(2))
         assert ours == theirs and len(ours) == min(n, n if m is None else m)
 

@@ -6,9 +6,10 @@ The budgets are read here, from the figures of one run (a benchmark, not a timed
 2. at 90 %, ours (the ``jsonl.gz`` pipeline, in-process) is at least as fast as the fastest peer
    that ran on the same files;
 3. the bytes a restore reads are at most the snapshot plus what its open files need: here the
-   bound is the snapshot (read once by the main process and, with workers, once more in the
-   states sent to them) plus one whole file of the format per reader (one per logical shard),
-   plus, with workers, the batches they send before the first one is yielded (two per worker);
+   bound is the snapshot (read once by the main process and, with workers, once more for the
+   states sent to them where the start method is not ``fork``) plus one whole file of the format
+   per reader (one per logical shard), plus, with workers, the batches they send before the first
+   one is yielded (two per worker);
 4. at 90 % of a corpus of 1 GB or more, ours is at least 50 times faster than our fast-forward.
 """
 

@@ -84,21 +84,10 @@ class WorkerPool:
                                                         parent, message if inherit else None))
             if not inherit:
                 for worker, message in zip(self.workers, first):
-                    self._send_epoch(worker, message)
+                    worker.send_epoch(message)
         except BaseException:
             self.shutdown()
             raise
-
-    def _send_epoch(self, worker: WorkerProcess, message: tuple[Any, ...]) -> None:
-        try:
-            worker.send(message)
-        except WorkerError:
-            raise
-        except Exception:  # not for plain pickle: dill (which names what cannot be pickled)
-            if message[0] != "restore":
-                raise
-            payload = _serialization.dumps(message[3], what="restore state")
-            worker.send((*message[:3], payload, *message[4:]))
 
     def _reset_buffers(self) -> None:
         self._buffers: dict[int, deque[tuple[int, Any]]] = {s: deque() for s in self.owner}
@@ -225,7 +214,7 @@ class WorkerPool:
             self._launch(first)
         else:
             for worker, message in zip(self.workers, first):
-                self._send_epoch(worker, message)
+                worker.send_epoch(message)
         if self.dispatcher is not None:  # (after the processes started: they need not copy its threads)
             self.dispatcher.start(seeds, state, strategy)
         for worker in self.workers:

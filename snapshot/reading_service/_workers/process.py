@@ -12,6 +12,7 @@ import signal
 from typing import Any
 
 import snapshot.reading_service._workers.transport as transport
+from snapshot.container import _serialization
 from snapshot.errors import WorkerError
 from snapshot.reading_service._workers.worker import run_worker
 
@@ -84,6 +85,18 @@ class WorkerProcess:
                 "timeout= if one sample can take that long.") from None
         except OSError:
             pass  # a dead worker is reported by the next receive
+
+    def send_epoch(self, message: tuple[Any, ...]) -> None:
+        """Send an epoch's start or restore; a restore state that plain pickle cannot carry goes as
+        dill's bytes (dill names what cannot be pickled)."""
+        try:
+            self.send(message)
+        except WorkerError:
+            raise
+        except Exception:
+            if message[0] != "restore":
+                raise
+            self.send((*message[:3], _serialization.dumps(message[3], what="restore state"), *message[4:]))
 
     def death(self, waiting_for: str, start_method: str) -> WorkerError:
         """The error for this worker having exited while the loader waited for ``waiting_for``."""

@@ -20,7 +20,8 @@ worker processes (``2``). At 10, 50 and 90 % of an epoch, side by side in one ru
   construction to the first batch: the ``rchar`` field of ``/proc/PID/io`` (every byte
   returned by ``read``-like system calls, from the page cache or the disk, so a warm cache
   does not hide a re-read). It counts the snapshot file, and with workers also what goes
-  through the pipes between the processes (the states sent to the workers, their batches);
+  through the pipes between the processes (their batches; under ``fork`` a worker starts with
+  its share of the restored state in memory, other start methods send it);
 - *snap*: the snapshot file's size with each ``buffer_state``; *replayed*: the items the
   restore plan replays (the manifest's drivers), 0 when every node restores from state.
 

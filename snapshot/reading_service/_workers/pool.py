@@ -1,17 +1,18 @@
-"""The worker processes of a multi-process loader: starting them, the messages to and from
-them, feeding dispatched samples, and a clear error when one fails or dies (never a hang:
-every wait has a timeout)."""
+"""The worker processes of a multi-process loader: starting them (with the first epoch, so that
+under ``fork`` a restore hands each worker its share of the state in memory), the messages to
+and from them, feeding dispatched samples, and a clear error when one fails or dies (never a
+hang: every wait has a timeout)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
-import signal
 import time
 import traceback
 from collections import deque
 from collections.abc import Sequence
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import Any
 
 import snapshot.reading_service._workers.transport as transport
@@ -24,35 +25,12 @@ from snapshot.reading_service._rng import GlobalRNG
 from snapshot.reading_service._shards.dispatch import Dispatcher, DispatchFailed
 from snapshot.reading_service._shards.engine import EngineState
 from snapshot.reading_service._shards.recombine import parts, recombine
-from snapshot.reading_service._workers.worker import run_worker
+from snapshot.reading_service._workers.process import WorkerProcess
 from snapshot.schema import ServiceState
 
 __all__ = ["WorkerPool"]
 
 _ITEM, _END, _ERROR = 0, 1, 2
-
-
-def _exit_reason(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            return f"killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
-def _widen(connection: Connection) -> None:
-    """Let a whole batch fit in the pipe (Linux), so the worker writes it in one go."""
-    try:
-        import fcntl
-
-        with open("/proc/sys/fs/pipe-max-size") as f:
-            size = int(f.read())
-        fcntl.fcntl(connection.fileno(), 1031, min(size, 8 << 20))  # F_SETPIPE_SZ
-    except (ImportError, OSError, ValueError):
-        pass
 
 
 def _with_message(exc: BaseException, message: str) -> BaseException:
@@ -67,36 +45,6 @@ def _with_message(exc: BaseException, message: str) -> BaseException:
         return exc
     wrapped.__dict__.update(vars(exc))
     return wrapped
-
-
-class _Worker:
-    def __init__(self, index: int, process: Any, requests: Connection, results: Connection, shards: list[int]):
-        self.index = index
-        self.process = process
-        self.requests = requests
-        self.results = results
-        self.shards = shards
-
-    def send(self, message: tuple[Any, ...]) -> None:
-        try:  # plain pickle: torch's multiprocessing pickler would share tensors by file descriptor
-            self.requests.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-        except (BrokenPipeError, OSError):
-            pass  # a dead worker is reported by the next receive
-
-
-def _death(worker: _Worker, waiting_for: str, start_method: str) -> WorkerError:
-    """The error for a worker that exited while the loader waited for ``waiting_for``."""
-    worker.process.join(1)
-    hint = ""
-    if start_method != "fork" and waiting_for.startswith("starting"):
-        hint = (f" With multiprocessing_context={start_method!r} each worker re-imports your main "
-                "module: guard the entry point with `if __name__ == \"__main__\":`, and check the "
-                "worker's output above.")
-    return WorkerError(
-        f"worker {worker.index} (pid {worker.process.pid}) exited unexpectedly "
-        f"({_exit_reason(worker.process.exitcode)}) while the loader waited for {waiting_for}.{hint} "
-        "Its logical shards cannot continue, and the loader was stopped: restore from your "
-        "last snapshot (onto fewer workers, if this one keeps dying).")
 
 
 class WorkerPool:
@@ -114,27 +62,29 @@ class WorkerPool:
         self.timeout = timeout
         self.prefetch = max(1, prefetch)
         self.owner = {shard: i % num_workers for i, shard in enumerate(shards)}
-        self.workers: list[_Worker] = []
-        self._tag = 0
-        self._reset_buffers()
-        parent = os.getpid()
-        try:
-            for index in range(num_workers):
-                mine = [s for s in shards if self.owner[s] == index]
-                setup = _serialization.dumps({"graph": template, "count": count, "shards": mine,
+        self.workers: list[WorkerProcess] = []  # started by the first epoch (see _launch)
+        self._context = context
+        self._shards = [[s for s in shards if self.owner[s] == index] for index in range(num_workers)]
+        self._setups = [_serialization.dumps({"graph": template, "count": count, "shards": mine,
                                               "worker": WorkerInfo(num_workers, index), "init_fn": init_fn,
                                               "global_rng": GlobalRNG(global_rng), "buffer_state": buffer_state,
-                                              "reset_fn": reset_fn},
-                                             what="worker set-up")
-                requests_out, requests_in = context.Pipe(duplex=False)
-                results_out, results_in = context.Pipe(duplex=False)
-                _widen(results_in)
-                process = context.Process(target=run_worker, args=(requests_out, results_in, setup, parent),
-                                          daemon=True, name=f"snapshot-worker-{index}")
-                process.start()
-                requests_out.close()
-                results_in.close()
-                self.workers.append(_Worker(index, process, requests_in, results_out, mine))
+                                              "reset_fn": reset_fn}, what="worker set-up")
+                        for index, mine in enumerate(self._shards)]
+        self._tag = 0
+        self._reset_buffers()
+
+    def _launch(self, first: list[tuple[Any, ...]]) -> None:
+        """Start the worker processes with their first requests: under ``fork`` each has its own in its
+        memory (a restore's state is neither pickled nor sent), otherwise they are sent once it runs."""
+        inherit = self.start_method == "fork"
+        parent = os.getpid()
+        try:
+            for index, (mine, message) in enumerate(zip(self._shards, first)):
+                self.workers.append(WorkerProcess.start(self._context, index, self._setups[index], mine, self.timeout,
+                                                        parent, message if inherit else None))
+            if not inherit:
+                for worker, message in zip(self.workers, first):
+                    worker.send_epoch(message)
         except BaseException:
             self.shutdown()
             raise
@@ -148,7 +98,7 @@ class WorkerPool:
 
     # -- receiving --------------------------------------------------------------------------
 
-    def _receive(self, worker: _Worker, waiting_for: str) -> None:
+    def _receive(self, worker: WorkerProcess, waiting_for: str) -> None:
         """Take one message from ``worker`` (items go to their shard's buffer)."""
         deadline = time.monotonic() + self.timeout
         while True:
@@ -164,7 +114,7 @@ class WorkerPool:
             if worker.results in ready:
                 break
             if worker.process.sentinel in ready:
-                raise _death(worker, waiting_for, self.start_method)
+                raise worker.death(waiting_for, self.start_method)
             for other in self.workers:  # a worker may be waiting for the dispatcher: serve it
                 if other.results in ready:
                     self._receive(other, waiting_for)
@@ -173,7 +123,7 @@ class WorkerPool:
         except (EOFError, OSError) as exc:
             worker.process.join(2)  # a dead worker's pipe reads as closed: say why it died
             if worker.process.exitcode is not None:
-                raise _death(worker, waiting_for, self.start_method) from exc
+                raise worker.death(waiting_for, self.start_method) from exc
             raise WorkerError(f"worker {worker.index} (pid {worker.process.pid}) closed its connection "
                               f"while the loader waited for {waiting_for}") from exc
         kind = message[0]
@@ -196,7 +146,7 @@ class WorkerPool:
                 self._cut.update({s: len(self._buffers[s]) for s in worker.shards})
             self._control.setdefault(worker.index, deque()).append(message)
 
-    def _feed(self, worker: _Worker, tag: int, router: str, shard: int, read: int) -> None:
+    def _feed(self, worker: WorkerProcess, tag: int, router: str, shard: int, read: int) -> None:
         """Answer a worker's request for a dispatcher's samples (``read``: how many it has)."""
         if tag != self._tag or self.dispatcher is None:
             return  # from an abandoned epoch: the worker drops that sample
@@ -207,7 +157,7 @@ class WorkerPool:
             return
         worker.send(("feed", tag, router, shard, items, ended))
 
-    def _shard_error(self, error: dict[str, Any], worker: _Worker, shard: int) -> BaseException:
+    def _shard_error(self, error: dict[str, Any], worker: WorkerProcess, shard: int) -> BaseException:
         failure = self.dispatcher.failure if self.dispatcher is not None else None
         if failure is None:
             return self._error(error, worker, f"in logical shard {shard}")
@@ -216,7 +166,7 @@ class WorkerPool:
                    f"by the DataPipe at {node}).\nOriginal {''.join(traceback.format_exception(exc))}")
         return _with_message(exc, message)
 
-    def _await(self, worker: _Worker, tag: int, what: str) -> tuple[Any, ...]:
+    def _await(self, worker: WorkerProcess, tag: int, what: str) -> tuple[Any, ...]:
         while True:
             waiting = self._control.get(worker.index)
             while waiting:
@@ -227,7 +177,7 @@ class WorkerPool:
                     return message
             self._receive(worker, what)
 
-    def _error(self, error: dict[str, Any], worker: _Worker, where: str) -> BaseException:
+    def _error(self, error: dict[str, Any], worker: WorkerProcess, where: str) -> BaseException:
         """The worker's exception, raised again here with torch's and torchdata 0.9's text:
         "Caught <Type> in worker process N" (or "in dispatching process" for the part above a
         dispatcher), then our place and node path, then the original traceback."""
@@ -252,18 +202,21 @@ class WorkerPool:
 
     def start(self, seeds: EpochSeeds, state: ServiceState | None = None,
               strategy: RestoreStrategy = RestoreStrategy.AUTO) -> None:
-        """Start an epoch in every worker (or put each back from the saved service ``state``)."""
+        """Start an epoch in every worker (or put each back from the saved service ``state``); the
+        first epoch starts the processes."""
         self._tag += 1
         self._reset_buffers()
-        if self.dispatcher is not None:
+        wanted = parts(self.topology, dispatchers=False)
+        first = [("start", self._tag, seeds.state()) if state is None else
+                 ("restore", self._tag, seeds.state(), recombine(state.upstream, state.shards, mine, wanted),
+                  strategy.value) for mine in self._shards]
+        if not self.workers:
+            self._launch(first)
+        else:
+            for worker, message in zip(self.workers, first):
+                worker.send_epoch(message)
+        if self.dispatcher is not None:  # (after the processes started: they need not copy its threads)
             self.dispatcher.start(seeds, state, strategy)
-        for worker in self.workers:
-            if state is None:
-                worker.send(("start", self._tag, seeds.state()))
-            else:
-                mine = recombine(state.upstream, state.shards, worker.shards, parts(self.topology, dispatchers=False))
-                payload = _serialization.dumps(mine, what="restore state")
-                worker.send(("restore", self._tag, seeds.state(), payload, strategy.value))
         for worker in self.workers:
             self._await(worker, self._tag, "restoring its shards" if state is not None else "starting the epoch")
 
@@ -302,7 +255,8 @@ class WorkerPool:
         states = []
         for worker in self.workers:
             message = self._await(worker, tag, "taking a snapshot")
-            states.append(_serialization.loads(message[2], what="worker state"))
+            state = message[2]  # as is, or dill's bytes when plain pickle could not carry it
+            states.append(_serialization.loads(state, what="worker state") if isinstance(state, bytes) else state)
         if self.dispatcher is not None:
             read = {int(s): r for state in states for s, r in state.shards.items()}
             states.append(EngineState(self.dispatcher.capture(read)))
@@ -324,7 +278,8 @@ class WorkerPool:
         if self.dispatcher is not None:
             self.dispatcher.close()
         for worker in self.workers:
-            worker.send(("stop",))
+            with contextlib.suppress(WorkerError):  # a worker that reads nothing is terminated below
+                worker.send(("stop",), timeout=0.5)
         deadline = time.monotonic() + 2
         for worker in self.workers:
             worker.process.join(max(0.0, deadline - time.monotonic()))

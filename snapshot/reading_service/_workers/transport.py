@@ -1,6 +1,7 @@
-"""Messages from workers to the main process, with array data sent out of band.
+"""Messages between the main process and its workers, with array data sent out of band.
 
-Samples are pickled with protocol 5; the bytes of CPU tensors and numpy arrays are not
+Samples, and the states a restore sends to the workers or a snapshot takes from them, are pickled
+with protocol 5; the bytes of CPU tensors and numpy arrays are not
 copied into the pickle but written to the pipe straight from their memory, and read on the
 other side (``os.readv``) straight into fresh writable buffers that the rebuilt arrays and
 tensors use directly: a batch crosses with the one copy the kernel makes. A message is an
@@ -13,14 +14,17 @@ import io
 import os
 import pickle
 import queue
+import select
 import struct
 import threading
+import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
 
-__all__ = ["Sender", "receive", "send"]
+__all__ = ["Sender", "encode", "receive", "send", "send_within"]
 
 _COUNT = struct.Struct("<I")
 _SIZE = struct.Struct("<Q")
@@ -63,10 +67,17 @@ def _write_all(fd: int, data: Any) -> None:
         view = view[written:]
 
 
-def _read_exact(fd: int, size: int) -> bytearray:
+def _read_exact(fd: int, size: int, idle: Callable[[], None] | None = None) -> bytearray:
     buffer = bytearray(size)
     view = memoryview(buffer)
+    waiting = None
+    if idle is not None:
+        waiting = select.poll()
+        waiting.register(fd, select.POLLIN)
     while view:
+        while waiting is not None and not waiting.poll(1000):
+            assert idle is not None
+            idle()
         got = os.readv(fd, [view])
         if got == 0:
             raise EOFError("the other process closed the connection")
@@ -81,14 +92,37 @@ def send(connection: Connection, message: Any) -> None:
         _write_all(fd, frame)
 
 
-def receive(connection: Connection) -> Any:
-    """Inverse of :func:`send`: one message, its array buffers read in place."""
+def send_within(connection: Connection, frames: list[Any], timeout: float) -> None:
+    """Write ``frames`` (from :func:`encode`) on a pipe, waiting at most ``timeout`` seconds for
+    the other end to make room: ``TimeoutError`` if it does not (a large restore state does not
+    fit in the pipe, and a worker that stopped reading must not hang the main process)."""
     fd = connection.fileno()
-    (length,) = _SIZE.unpack(_read_exact(fd, _SIZE.size))
-    body = _read_exact(fd, length)
+    os.set_blocking(fd, False)
+    room = select.poll()
+    room.register(fd, select.POLLOUT)
+    deadline = time.monotonic() + timeout
+    for frame in frames:
+        view = memoryview(frame).cast("B")
+        while view:
+            try:
+                view = view[os.write(fd, view):]
+            except BlockingIOError:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"the other process did not read the message within {timeout:g} s") from None
+                room.poll(min(remaining, 1.0) * 1000)
+
+
+def receive(connection: Connection, idle: Callable[[], None] | None = None) -> Any:
+    """Inverse of :func:`send`: one message, its array buffers read in place. ``idle`` is called
+    each second that the rest of a message does not come (it raises to give up: a worker whose
+    main process died in the middle of a message must not wait for the rest)."""
+    fd = connection.fileno()
+    (length,) = _SIZE.unpack(_read_exact(fd, _SIZE.size, idle))
+    body = _read_exact(fd, length, idle)
     (count,) = _COUNT.unpack_from(body)
     sizes = [_SIZE.unpack_from(body, _COUNT.size + i * _SIZE.size)[0] for i in range(count)]
-    buffers = [_read_exact(fd, size) for size in sizes]
+    buffers = [_read_exact(fd, size, idle) for size in sizes]
     return pickle.loads(memoryview(body)[_COUNT.size + count * _SIZE.size:], buffers=buffers)
 
 

@@ -19,10 +19,14 @@ sends ``("need", tag, dispatcher, shard, read so far)`` and waits for ``("feed",
 dispatcher, shard, samples, ended)`` (``samples`` is ``None`` if that part failed); other
 requests arriving meanwhile are queued, and a new epoch or a stop abandons the sample.
 
-Replies are pickled here (a sample that cannot be pickled becomes an ``error``) and sent in
-the order they were made, so a ``state`` reply follows every sample produced before it. A
-``capture`` is served before the ``next`` requests queued ahead of it (those samples are
-simply produced after the snapshot). A worker whose parent dies exits within a second.
+Messages both ways go through :mod:`.transport` (arrays and tensors out of band); an engine
+state that plain pickle cannot carry travels as dill's bytes instead. The first epoch's
+request comes with the process under ``fork`` (see :mod:`.process`): a restore's state is
+then in the worker's memory, never pickled. Replies are pickled here (a sample that cannot be
+pickled becomes an ``error``) and sent in the order they were made, so a ``state`` reply
+follows every sample produced before it. A ``capture`` is served before the ``next`` requests
+queued ahead of it (those samples are simply produced after the snapshot). A worker whose
+parent dies exits within a second, even in the middle of a request.
 """
 
 from __future__ import annotations
@@ -85,19 +89,22 @@ def _next_message(pending: deque[tuple[Any, ...]]) -> tuple[Any, ...]:
     return pending.popleft()
 
 
-def run_worker(requests: Connection, results: Connection, setup: bytes, parent: int) -> None:
-    """Entry point of a worker process."""
+def run_worker(requests: Connection, results: Connection, setup: bytes, parent: int,
+               first: tuple[Any, ...] | None = None) -> None:
+    """Entry point of a worker process; ``first``: a request to handle before any from ``requests``
+    (the first epoch's, handed over in memory under ``fork``)."""
     import torch
 
     torch.set_num_threads(1)
     sender = transport.Sender(results)
     try:
-        _serve(requests, sender, setup, parent)
+        _serve(requests, sender, setup, parent, first)
     finally:
         sender.close()
 
 
-def _serve(requests: Connection, sender: transport.Sender, setup: bytes, parent: int) -> None:
+def _serve(requests: Connection, sender: transport.Sender, setup: bytes, parent: int,
+           first: tuple[Any, ...] | None) -> None:
     config = _serialization.loads(setup, what="worker set-up")
     server = _Server(requests, sender.send, parent)
     try:
@@ -105,6 +112,8 @@ def _serve(requests: Connection, sender: transport.Sender, setup: bytes, parent:
     except BaseException as exc:  # noqa: BLE001 - reported to the main process, which raises it
         sender.send(("fatal", describe_error(exc)))
         return
+    if first is not None:
+        server.pending.append(first)
     server.run()
 
 
@@ -137,6 +146,15 @@ class _Server:
         self.epoch: Any = None
         self.pending: deque[tuple[Any, ...]] = deque()
 
+    def _receive(self) -> tuple[Any, ...]:
+        """The next request (``EOFError`` if the main process dies before it has come whole)."""
+        message: tuple[Any, ...] = transport.receive(self.requests, idle=self._check_parent)
+        return message
+
+    def _check_parent(self) -> None:
+        if not _alive(self.parent):
+            raise EOFError("the main process is gone")
+
     def fetch(self, router: str, shard: int, read: int) -> tuple[list[Any], bool]:
         """Samples of the part above dispatcher ``router`` for ``shard``, from the main process."""
         tag = self.epoch
@@ -147,8 +165,8 @@ class _Server:
                     raise _Abandoned
                 continue
             try:
-                message = pickle.loads(self.requests.recv_bytes())
-            except EOFError:
+                message = self._receive()
+            except (EOFError, OSError):
                 raise _Abandoned from None
             if message[0] == "feed" and message[1] == tag and message[2] == router and message[3] == shard:
                 if message[4] is None:
@@ -168,8 +186,8 @@ class _Server:
                 continue
             try:
                 while self.requests.poll(0):
-                    self.pending.append(pickle.loads(self.requests.recv_bytes()))
-            except EOFError:
+                    self.pending.append(self._receive())
+            except (EOFError, OSError):
                 return
             message = _next_message(self.pending)
             kind = message[0]
@@ -221,7 +239,9 @@ class _Server:
             if kind == "start":
                 self.engine.start(seeds)
             else:
-                state = _serialization.loads(message[3], what="restore state")
+                state = message[3]  # as is, or dill's bytes when plain pickle could not carry it
+                if isinstance(state, bytes):
+                    state = _serialization.loads(state, what="restore state")
                 self.engine.start(seeds, state, RestoreStrategy.parse(message[4]))
         except BaseException as exc:  # noqa: BLE001 - a failed restore is the main process's error
             self.epoch = None
@@ -232,11 +252,15 @@ class _Server:
 
     def _capture(self, tag: Any) -> None:
         try:
-            state = _serialization.dumps(self.engine.capture(), what="worker state")
+            state = self.engine.capture()
+            try:  # arrays and tensors out of band (see transport)
+                self.send(("state", tag, state))
+                return
+            except Exception:  # noqa: BLE001 - not for plain pickle: dill, which names what cannot be pickled
+                packed = _serialization.dumps(state, what="worker state")
+            self.send(("state", tag, packed))
         except BaseException as exc:  # noqa: BLE001
             self.send(("failed", tag, describe_error(exc)))
-            return
-        self.send(("state", tag, state))
 
 
 class _Abandoned(BaseException):

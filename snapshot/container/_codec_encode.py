@@ -35,6 +35,13 @@ _CHUNKED = 8  # a longer list or dict is packed in chunks
 _MAX_CHUNK = 4096  # items; a chunk starts at one item and doubles while it stays small
 _HEADER = {0xdc: 3, 0xdd: 5, 0xde: 3, 0xdf: 5}  # msgpack's array and map headers of 16 and 32 bits
 _COMPLEX = struct.Struct("<dd")
+#: Plain values (``_plain``): scalars, and strs and bytes of at most ``_PLAIN_TEXT`` bytes. The frame packs
+#: runs of them, and small dicts and lists of them, in one call each.
+_SCALARS = frozenset({type(None), bool, int, float})
+_TEXTS = frozenset({str, bytes})
+_PLAIN_TEXT = 4096
+#: A dict or list of the frame with at most this many plain items (see ``_small``) is packed whole.
+_SMALL = 32
 _ext = msgpack.ExtType
 _new = tuple.__new__  # an ExtType without its checks in Python (the code and bytes are ours)
 
@@ -226,21 +233,23 @@ class Encoder(_Extensions):
 
     def _value(self, value: Any, depth: int) -> None:
         kind = type(value)
+        if (kind is dict or kind is list) and _small(value, self._measure):
+            self._emit(self._pack(value))  # the same bytes as walked, in one call
+            return
         frame = (kind is dict and depth <= self._spine) or (
             kind is list and depth < self._spine and all(type(x) is dict or x is None for x in value))
         if frame and id(value) in self._active:  # the frame holds itself: not data
-            self._emit(self._pack(NotData(value), self._root_steps()))
+            self._emit(self._pack(NotData(value)))
         elif frame:
             self._active.add(id(value))
             self._frame(value, depth) if kind is dict else self._items(value, depth)
             self._active.discard(id(value))
-        elif kind is list and len(value) > _ROWS and set(map(type, value)) == {tuple} \
-                and len(lengths := set(map(len, value))) == 1 and lengths != {0}:
-            self._emit(self._pack(Rows(value), self._root_steps()))
+        elif kind is list and len(value) > _ROWS and _rows(value):
+            self._emit(self._pack(Rows(value)))
         elif (kind is dict or kind is list) and len(value) > _CHUNKED:
             self._chunked(value)
         else:
-            self._emit(self._pack(value, self._root_steps()))
+            self._emit(self._pack(value))
 
     def _items(self, value: list[Any], depth: int) -> None:
         """A list of dicts of the payload's frame (logical shards, ...), item by item."""
@@ -257,17 +266,33 @@ class Encoder(_Extensions):
         self._emit(self._packers[0].pack_map_header(len(value)))
         measure = self._measure
         step: list[Any] = ["key", 0]
+        level = len(self._path)  # the dict's own place, for the runs of plain items
         self._path.append(step)
+        plain: dict[str, Any] = {}  # a run of items of plain values, packed in one call (the same bytes)
         for index, (key, item) in enumerate(value.items()):
+            if type(key) is str and _plain(item) and not (measure and id(item) in measure):
+                plain[key] = item
+                continue
+            if plain:
+                self._emit_items(plain, level, index - len(plain))
+                plain = {}
             step[0], step[1] = "key", index
-            self._emit(self._pack(key, self._root_steps()))
+            self._emit(self._pack(key))
             step[0], step[1] = "value", key
             labels = measure.get(id(item)) if measure else None
             start = self._position()
             self._value(item, depth + 1)
             for label in labels or ():
                 self.sizes[label] = self._position() - start
+        if plain:
+            self._emit_items(plain, level, len(value) - len(plain))
         self._path.pop()
+
+    def _emit_items(self, items: dict[str, Any], level: int, base: int) -> None:
+        """Items of a dict of the frame, packed at once without their map's header (the dict's own was
+        written)."""
+        data = self._pack(items, base=base, level=level)
+        self._emit(memoryview(data)[_HEADER.get(data[0], 1):])
 
     def _chunked(self, value: list[Any] | dict[Any, Any]) -> None:
         """A big list or dict, packed a slice at a time (each slice's header dropped), so that the tree
@@ -281,14 +306,15 @@ class Encoder(_Extensions):
             part: Any = list(itertools.islice(items, size))
             if is_dict:
                 part = dict(part)
-            data = self._pack(part, self._root_steps(), base=done)
+            data = self._pack(part, base=done)
             self._emit(memoryview(data)[_HEADER.get(data[0], 1):])
             done += len(part)
             size = min(size * 2, _MAX_CHUNK) if len(data) < _CHUNK_BYTES // 2 else max(size // 2, 1)
 
-    def _pack(self, value: Any, steps: list[tuple[str, Any]], base: int = 0) -> bytes:
-        """``value`` packed by msgpack; a value it cannot pack (a cycle, nesting past the bounds) is packed
-        again with those containers marked as not data."""
+    def _pack(self, value: Any, base: int = 0, level: int | None = None) -> bytes:
+        """``value``, at the place the frame's walk is at (its first ``level`` steps, when given), packed by
+        msgpack; a value it cannot pack (a cycle, nesting past the bounds) is packed again with those
+        containers marked as not data."""
         marks = len(self._objects), len(self._buffers), self._buffered
         try:
             data = self._packed(value, marks)
@@ -300,7 +326,7 @@ class Encoder(_Extensions):
             self._packers = [self._packer()]
             data = self._packed(value, marks)
         if len(self._objects) > marks[0]:
-            self._name(value, marks[0], steps, base)
+            self._name(value, marks[0], self._root_steps()[:level], base)
         return data
 
     def _packed(self, value: Any, marks: tuple[int, int, int]) -> bytes:
@@ -361,6 +387,39 @@ class Encoder(_Extensions):
         find(value, steps, base, wanted, found)
         found += [where(steps) + " (somewhere inside)"] * (len(wanted) - len(found))
         self.pickled.extend((self._root + place, obj) for place, obj in zip(found, wanted))
+
+
+def _plain(value: Any) -> bool:
+    kind = type(value)
+    return kind in _SCALARS or (kind in _TEXTS and len(value) <= _PLAIN_TEXT)
+
+
+def _small(value: list[Any] | dict[Any, Any], measure: dict[int, Any]) -> bool:
+    """Whether ``value`` holds at most ``_SMALL`` items, each a plain value or a list of at most ``_ROWS``
+    scalars, under str or scalar keys, none of them measured: packed whole, it is packed as the frame would
+    have been, with nothing to stream, measure or name (a dict in it fails at once)."""
+    if len(value) > _SMALL:
+        return False
+    is_dict = type(value) is dict
+    for item in (value.values() if is_dict else value):  # type: ignore[union-attr]
+        kind = type(item)
+        if kind is list:
+            if len(item) > _ROWS or id(item) in measure or not all(type(x) in _SCALARS for x in item):
+                return False
+        elif not _plain(item) or id(item) in measure:
+            return False
+    return not is_dict or all(type(key) is str or type(key) in _SCALARS for key in value)
+
+
+def _rows(value: list[Any]) -> bool:
+    """Whether ``value`` (not empty) holds only tuples (exactly: no subclass) of one length, not 0. Each
+    check is one pass in C (``list.count`` compares by identity first): a third of the time of sets of
+    the types and lengths."""
+    first = value[0]
+    if type(first) is not tuple or not first:
+        return False
+    count = len(value)
+    return list(map(type, value)).count(tuple) == count and list(map(len, value)).count(len(first)) == count
 
 
 def _data_chunk() -> type:

@@ -35,13 +35,14 @@ _CHUNKED = 8  # a longer list or dict is packed in chunks
 _MAX_CHUNK = 4096  # items; a chunk starts at one item and doubles while it stays small
 _HEADER = {0xdc: 3, 0xdd: 5, 0xde: 3, 0xdf: 5}  # msgpack's array and map headers of 16 and 32 bits
 _COMPLEX = struct.Struct("<dd")
-#: Plain values (``_plain``): scalars, and strs and bytes of at most ``_PLAIN_TEXT`` bytes. The frame packs
-#: runs of them, and small dicts and lists of them, in one call each.
+_EXT16, _EXT32 = struct.Struct(">BHb"), struct.Struct(">BIb")  # msgpack's ext 16 and ext 32 headers
+#: Small values (``_fits``): scalars, strs and bytes of at most ``_PLAIN_TEXT`` bytes, and dicts and lists
+#: of them, at most ``_SMALL`` items in all. The frame packs each run of them in one call.
 _SCALARS = frozenset({type(None), bool, int, float})
 _TEXTS = frozenset({str, bytes})
 _PLAIN_TEXT = 4096
-#: A dict or list of the frame with at most this many plain items (see ``_small``) is packed whole.
 _SMALL = 32
+_KEYS = frozenset({str, *_SCALARS})  # the keys of a small dict
 _ext = msgpack.ExtType
 _new = tuple.__new__  # an ExtType without its checks in Python (the code and bytes are ours)
 
@@ -231,9 +232,11 @@ class Encoder(_Extensions):
 
     # the tree --------------------------------------------------------------------------------------
 
-    def _value(self, value: Any, depth: int) -> None:
+    def _value(self, value: Any, depth: int, small: bool | None = None) -> None:
         kind = type(value)
-        if (kind is dict or kind is list) and _small(value, self._measure):
+        if small is None:
+            small = (kind is dict or kind is list) and _fits(value, self._measure, _SMALL) >= 0
+        if small:
             self._emit(self._pack(value))  # the same bytes as walked, in one call
             return
         frame = (kind is dict and depth <= self._spine) or (
@@ -245,7 +248,7 @@ class Encoder(_Extensions):
             self._frame(value, depth) if kind is dict else self._items(value, depth)
             self._active.discard(id(value))
         elif kind is list and len(value) > _ROWS and _rows(value):
-            self._emit(self._pack(Rows(value)))
+            self._emit_rows(value)
         elif (kind is dict or kind is list) and len(value) > _CHUNKED:
             self._chunked(value)
         else:
@@ -268,9 +271,10 @@ class Encoder(_Extensions):
         step: list[Any] = ["key", 0]
         level = len(self._path)  # the dict's own place, for the runs of plain items
         self._path.append(step)
-        plain: dict[str, Any] = {}  # a run of items of plain values, packed in one call (the same bytes)
+        plain: dict[str, Any] = {}  # a run of items of small values, packed in one call (the same bytes)
         for index, (key, item) in enumerate(value.items()):
-            if type(key) is str and _plain(item) and not (measure and id(item) in measure):
+            small = _fits(item, measure, _SMALL) >= 0
+            if small and type(key) is str:
                 plain[key] = item
                 continue
             if plain:
@@ -281,7 +285,7 @@ class Encoder(_Extensions):
             step[0], step[1] = "value", key
             labels = measure.get(id(item)) if measure else None
             start = self._position()
-            self._value(item, depth + 1)
+            self._value(item, depth + 1, small)
             for label in labels or ():
                 self.sizes[label] = self._position() - start
         if plain:
@@ -293,6 +297,25 @@ class Encoder(_Extensions):
         written)."""
         data = self._pack(items, base=base, level=level)
         self._emit(memoryview(data)[_HEADER.get(data[0], 1):])
+
+    def _emit_rows(self, value: list[tuple[Any, ...]]) -> None:
+        """A list of tuples of one length, by rows (ext ``ROWS``): its body written as the packer made it,
+        after the ext's header (as ``_pack(Rows(value))`` writes it, without copying the body twice)."""
+        marks = len(self._objects), len(self._buffers), self._buffered
+        try:
+            body = self._rows(Rows(value)).data
+        except (UnicodeEncodeError, ValueError, RecursionError, TooDeep):
+            self._undo(marks)
+            self._emit(self._pack(Rows(value)))  # the slow paths, as for any value
+            return
+        if len(body) < 1 << 8:  # msgpack's fixext and ext 8 headers: packed as any value
+            self._emit(self._packers[0].pack(_new(_ext, (types.ROWS, body))))
+        else:
+            self._emit(_EXT32.pack(0xc9, len(body), types.ROWS) if len(body) >= 1 << 16
+                       else _EXT16.pack(0xc8, len(body), types.ROWS))
+            self._emit(body)
+        if len(self._objects) > marks[0]:
+            self._name(Rows(value), marks[0], self._root_steps(), 0)
 
     def _chunked(self, value: list[Any] | dict[Any, Any]) -> None:
         """A big list or dict, packed a slice at a time (each slice's header dropped), so that the tree
@@ -389,26 +412,36 @@ class Encoder(_Extensions):
         self.pickled.extend((self._root + place, obj) for place, obj in zip(found, wanted))
 
 
-def _plain(value: Any) -> bool:
+def _fits(value: Any, measure: dict[int, Any], left: int) -> int:
+    """``left`` less the items of ``value``, or -1 unless ``value`` is small: a scalar, a str or bytes of at
+    most ``_PLAIN_TEXT`` bytes, or a list (of at most ``_ROWS`` items) or dict (str or scalar keys) of small
+    values, ``left`` items in all, none of them measured. A small value packed whole is packed as the frame
+    would have written it, with nothing to stream, measure or name (and it holds no cycle: each level
+    costs items)."""
+    if id(value) in measure:
+        return -1
     kind = type(value)
-    return kind in _SCALARS or (kind in _TEXTS and len(value) <= _PLAIN_TEXT)
-
-
-def _small(value: list[Any] | dict[Any, Any], measure: dict[int, Any]) -> bool:
-    """Whether ``value`` holds at most ``_SMALL`` items, each a plain value or a list of at most ``_ROWS``
-    scalars, under str or scalar keys, none of them measured: packed whole, it is packed as the frame would
-    have been, with nothing to stream, measure or name (a dict in it fails at once)."""
-    if len(value) > _SMALL:
-        return False
-    is_dict = type(value) is dict
-    for item in (value.values() if is_dict else value):  # type: ignore[union-attr]
+    if kind in _SCALARS or (kind in _TEXTS and len(value) <= _PLAIN_TEXT):
+        return left
+    if kind is list:
+        if len(value) > _ROWS:
+            return -1
+        items = value
+    elif kind is dict and _KEYS.issuperset(map(type, value)):
+        items = value.values()
+    else:
+        return -1
+    left -= len(value)
+    for item in items:
+        if left < 0:
+            return -1
         kind = type(item)
-        if kind is list:
-            if len(item) > _ROWS or id(item) in measure or not all(type(x) in _SCALARS for x in item):
-                return False
-        elif not _plain(item) or id(item) in measure:
-            return False
-    return not is_dict or all(type(key) is str or type(key) in _SCALARS for key in value)
+        if kind in _SCALARS or (kind in _TEXTS and len(item) <= _PLAIN_TEXT):
+            if id(item) in measure:
+                return -1
+        else:
+            left = _fits(item, measure, left)
+    return left
 
 
 def _rows(value: list[Any]) -> bool:

@@ -1,6 +1,6 @@
 """The save's fast paths write what the slow ones write: runs of small values of the payload's frame packed in
 one call, rows written after their ext header, the rows check done in C passes, package versions read from
-their metadata's headers (``snapshot.container._codec_encode``, ``_manifest_of``)."""
+their metadata's headers (``snapshot.container._codec_encode``, ``_codec_shapes``, ``_manifest_of``)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def walked(monkeypatch: pytest.MonkeyPatch, value: Any,
     """What the encoder writes with no value taken for small: the frame walked item by item, rows packed as
     any value."""
     with monkeypatch.context() as patched:
-        patched.setattr(_codec_encode, "_fits", lambda value, measure, left: -1)
+        patched.setattr(_codec_encode, "fits", lambda value, measure, left: -1)
         patched.setattr(Encoder, "_emit_rows", lambda self, rows: self._emit(self._pack(Rows(rows))))
         return written(value, measure)
 

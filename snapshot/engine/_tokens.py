@@ -19,8 +19,17 @@ _MAX_TOKEN_ITEMS = 64
 _DISPLAY_WIDTH = 80
 
 
+#: Per type, whether its instances are DataPipes: walking a graph asks of every attribute of every pipe,
+#: and ``isinstance`` against torch's DataPipe classes (ABCs) costs a Python-level check each time.
+_DATAPIPE_TYPES: dict[type, bool] = {}
+
+
 def _is_datapipe(value: Any) -> bool:
-    return isinstance(value, (IterDataPipe, MapDataPipe))
+    cls = type(value)
+    known = _DATAPIPE_TYPES.get(cls)
+    if known is None:
+        known = _DATAPIPE_TYPES[cls] = issubclass(cls, (IterDataPipe, MapDataPipe))
+    return known
 
 
 def type_name(obj_or_type: Any) -> str:

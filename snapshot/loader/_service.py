@@ -26,12 +26,23 @@ class LoaderService:
     (``pickled``), and whether it is stopped (``terminated``; ``stopped``: what it kept)."""
 
     def __init__(self, service: ReadingServiceInterface | None, buffer_state: BufferState) -> None:
-        self.pickled = _serialization.dumps(_checked(service), what="reading service")
-        self.service: ReadingServiceInterface = _serialization.loads(self.pickled)
+        self._pickled: bytes | None = None
+        if service is None:  # the default: a fresh one, pickled only when a save needs it (as this one was)
+            self.service: ReadingServiceInterface = _default()
+        else:
+            self._pickled = _serialization.dumps(_checked(service), what="reading service")
+            self.service = _serialization.loads(self._pickled)
         _configure_buffers(self.service, buffer_state)
         self.terminated = False
         #: Set by ``stop()``: the position it kept for saves after it (see ``Stopped``).
         self.stopped: Stopped | None = None
+
+    @property
+    def pickled(self) -> bytes:
+        """The pickle of the service as it was given, which snapshots keep."""
+        if self._pickled is None:
+            self._pickled = _serialization.dumps(_default(), what="reading service")
+        return self._pickled
 
     def collective(self) -> Any:
         """The service's collective operations when it spans ranks (else ``None``, also once it is
@@ -104,11 +115,14 @@ def _stopped_checkpoint(stopped: Stopped | None, verify: int) -> dict[str, Any]:
         "restore the last snapshot saved before it stopped.")
 
 
-def _checked(service: Any) -> ReadingServiceInterface:
-    """The constructor's ``reading_service`` (default in-process), refused when not ours."""
+def _default() -> ReadingServiceInterface:
     from snapshot.reading_service.in_process import InProcessReadingService
 
-    service = service if service is not None else InProcessReadingService()
+    return InProcessReadingService()
+
+
+def _checked(service: Any) -> ReadingServiceInterface:
+    """The constructor's ``reading_service``, refused when not ours."""
     if not isinstance(service, ReadingServiceInterface):
         raise TypeError(
             f"reading_service must implement snapshot.ReadingServiceInterface, got "

@@ -162,9 +162,13 @@ class Encoder(Extensions):
         marks = len(self._objects), len(self._buffers), self._buffered
         try:
             body = self._rows(Rows(value)).data
-        except (UnicodeEncodeError, ValueError, RecursionError, TooDeep):
+        except UnicodeEncodeError:
             self._undo(marks)
-            self._emit(self._pack(Rows(value)))  # the slow paths, as for any value
+            self._emit(self._pack(Rows(value)))  # msgpack's slow path for strs, from here on
+            return
+        except (ValueError, RecursionError, TooDeep):  # a cycle, or nesting past the bounds, in a row
+            self._undo(marks)
+            self._emit(self._pack(value))  # tuple by tuple: what msgpack cannot pack is named and pickled
             return
         if len(body) < 1 << 8:  # msgpack's fixext and ext 8 headers: packed as any value
             self._emit(self._packers[0].pack(tuple.__new__(msgpack.ExtType, (types.ROWS, body))))

@@ -102,6 +102,23 @@ def test_rows_that_hold_values_not_data_name_them_by_row_and_column() -> None:
     assert places == ["payload.state.where[5][1]"]
 
 
+def test_rows_that_nest_past_the_limit_or_hold_a_cycle_pickle_that_value_with_its_place() -> None:
+    """A row's value nested deeper than the encoder goes, or a list that holds itself, is not data (it raised
+    the encoder's internal ``TooDeep`` out of a save before)."""
+    deep: Any = 1
+    for _ in range(40):
+        deep = (deep,)
+    loop: list[Any] = []
+    loop.append(loop)
+    rows: list[Any] = [(i, i) for i in range(20)]
+    rows[3], rows[11] = (3, deep), (11, loop)
+    data, pickled = encode({"rows": rows})
+    places = [where for where, _ in pickled]
+    assert len(places) == 2 and places[0].startswith("state.rows[3][1]") and places[1] == "state.rows[11][1]"
+    back = decode(data, pickled=lambda index: pickled[index][1])
+    assert back["rows"][:3] == rows[:3] and back["rows"][11][1] is loop and type(back["rows"][5]) is tuple
+
+
 @pytest.mark.parametrize("odd", [Point(1, 2), (1, 2, 3), ()], ids=["subclass", "longer", "empty"])
 @pytest.mark.parametrize("at", [0, 9, 19])
 def test_a_list_of_tuples_with_one_of_another_kind_keeps_every_type(odd: tuple[Any, ...], at: int) -> None:

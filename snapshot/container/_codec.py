@@ -51,7 +51,8 @@ tensor decode as separate tensors), array memory order (arrays decode C-contiguo
 tensor's autograd history (a tensor decodes as a leaf with its ``requires_grad``). Values must not
 change while they are encoded.
 
-The encoder is in ``_codec_encode``, the decoder in ``_codec_decode``, what both share in
+The encoder is in ``_codec_encode`` (with ``_codec_default``, msgpack's ``default`` for the values it has no
+type for, and ``_codec_shapes``, what it packs in one call), the decoder in ``_codec_decode``, what both share in
 ``_codec_types``; callers import from this module. Format 2's encoding is read by ``_codec_v2``.
 """
 from __future__ import annotations

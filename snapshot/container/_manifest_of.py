@@ -30,10 +30,21 @@ def _installed_versions() -> tuple[tuple[str, str], ...]:
     versions = {"snapshot": __version__, "torch": str(torch.__version__), "python": platform.python_version()}
     for package in ("dill", "torchdata"):
         try:
-            versions[package] = metadata.version(package)
+            versions[package] = _version_of(metadata.distribution(package))
         except metadata.PackageNotFoundError:
             pass
     return tuple(versions.items())
+
+
+def _version_of(dist: metadata.Distribution) -> str:
+    """The ``Version`` header of ``dist``'s metadata, read from its header block (``metadata.version`` parses
+    the whole file, README included, as an email: 6 ms for two packages at a process's first save, 1 ms so)."""
+    for line in (dist.read_text("METADATA") or dist.read_text("PKG-INFO") or "").splitlines():
+        if not line:
+            break  # the end of the headers
+        if line.startswith("Version:"):
+            return line[len("Version:"):].strip()
+    return str(dist.version)
 
 
 def _versions() -> dict[str, str]:

@@ -77,17 +77,21 @@ class Snapshot:
         if isinstance(manifest, schema.Manifest):
             #: The manifest, typed (see :mod:`snapshot.schema`).
             self.info = manifest
-            #: The manifest as JSON-able dicts, as written in the file.
-            self.manifest = manifest.to_dict()
         else:
             self.info = schema.Manifest.from_dict(manifest)
-            self.manifest = manifest
+            self.__dict__["manifest"] = manifest
         self._body: dict[str, Any] | None = None
         if state is not None:
             self._body = {"state": state, "graph": graph, "service": service}
         self._payload_source = payload
         self._handed_out = False
         self.parts = parts
+
+    @functools.cached_property
+    def manifest(self) -> dict[str, Any]:
+        """The manifest as JSON-able dicts, as written in the file (made when first asked for: a save's
+        snapshot may never be)."""
+        return self.info.to_dict()
 
     @functools.cached_property
     def saved(self) -> schema.SavedState:

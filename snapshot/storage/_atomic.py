@@ -12,6 +12,7 @@ This module knows nothing of snapshots: bytes in, bytes out.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import os
@@ -32,6 +33,7 @@ __all__ = ["atomic_file", "atomic_write", "remove_stale_temporaries", "temp_name
 _TEMP = re.compile(r"\.(?P<name>.+)\.snapshot-tmp\.(?P<pid>\d+)\.(?P<host>[0-9a-f]{8})-[0-9a-z_]+")
 
 
+@functools.lru_cache(maxsize=1)
 def _host_tag() -> str:
     """Eight hex digits naming this machine, so that a temporary file written by another machine
     sharing the directory is never taken for one whose writer is gone."""
@@ -229,7 +231,8 @@ def _prepare(dest: str | os.PathLike[str]) -> tuple[str, str]:
             "written by save_snapshot() on every rank)", source=source)
     directory = os.path.dirname(path)
     try:
-        os.makedirs(directory, exist_ok=True)
+        if not os.path.isdir(directory):  # one stat where it exists (makedirs tries mkdir, then stats)
+            os.makedirs(directory, exist_ok=True)
     except (FileExistsError, NotADirectoryError) as exc:
         raise SnapshotFileError(
             f"cannot create the directory {directory}: a file is in the way ({exc.filename or directory})",

@@ -127,7 +127,7 @@ class ShufflerIterator(ResumableIterator):
         reproducer = self._by_position() if self._enabled else "shuffling is disabled"
         if isinstance(reproducer, str):
             return f"{BufferState.VALUES.value}: {reproducer}"
-        unknown = sum(p is None for p in self._positions or [])
+        unknown = (self._positions or []).count(None)
         if unknown:
             return f"{BufferState.POSITIONS.value} ({unknown} samples restored by value still buffered)"
         return BufferState.POSITIONS.value
@@ -141,7 +141,9 @@ class ShufflerIterator(ResumableIterator):
         if by_position and self._positions is not None:
             positions = self._positions
             state[POSITIONS] = list(positions)
-            state[BUFFER] = [x if p is None else None for x, p in zip(self._buffer, positions)]
+            # the samples restored by value and still buffered (None elsewhere); usually none (one pass in C)
+            state[BUFFER] = ([x if p is None else None for x, p in zip(self._buffer, positions)]
+                             if positions.count(None) else [None] * len(positions))
         else:
             state[BUFFER] = list(self._buffer)
         return state

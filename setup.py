@@ -52,7 +52,7 @@ TESTING = [
     "numpy>=1.26",
     "pytest>=8.0",
     "pytest-timeout>=2.3",
-    "pytest-xdist>=3.5",  # `make test` runs the suite on 2 processes (most tests wait on subprocesses)
+    "pytest-xdist>=3.8",  # `make test` runs the suite on 2 processes (most tests wait on subprocesses); 3.8: --no-loadscope-reorder
     "hypothesis>=6.100",
 ]
 EXTRAS["dev"] = EXTRAS["demo"] + EXTRAS["docs"] + EXTRAS["cli"] + EXTRAS["accelerate"] + EXTRAS["lightning"] + TESTING + [

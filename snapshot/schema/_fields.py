@@ -63,6 +63,8 @@ def _list(value: Any, where: str) -> list[Any]:
 
 def _int(value: Any, where: str, *, minimum: int | None = 0, maximum: int = MAX_COUNT) -> int:
     """An int in ``[minimum, maximum]`` (a count, a size or an index unless told otherwise)."""
+    if type(value) is int and (minimum is None or value >= minimum) and value <= maximum:
+        return value  # the common case, in one test (a bool or an int subclass takes the checks below)
     if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
         expected = "a non-negative int" if minimum == 0 else "an int" if minimum is None else f"an int >= {minimum}"
         raise _fail(where, expected, value)
@@ -126,28 +128,35 @@ def _counts(value: Any, where: str) -> dict[str, int]:
 class _Fields:
     """The fields of one JSON object, read once each; what is left over is ``extra``."""
 
+    __slots__ = ("where", "data", "seen", "_prefix")
+
     def __init__(self, value: Any, where: str):
+        if not isinstance(value, dict):
+            raise _fail(where, "an object", value)
         self.where = where
-        self.data = _object(value, where)
+        self.data: Mapping[str, Any] = value
         self.seen: set[str] = set()
+        self._prefix = f"{where}." if where else ""  # a field's path is _prefix + key (see _key)
 
     def required(self, key: str, read: Callable[[Any, str], T]) -> T:
         self.seen.add(key)
         if key not in self.data:
-            raise ManifestError(_key(self.where, key), "a value (the field is missing)", "nothing")
-        return read(self.data[key], _key(self.where, key))
+            raise ManifestError(self._prefix + key, "a value (the field is missing)", "nothing")
+        return read(self.data[key], self._prefix + key)
 
     def get(self, key: str, read: Callable[[Any, str], T], default: T) -> T:
         self.seen.add(key)
         value = self.data.get(key)
-        return default if value is None else read(value, _key(self.where, key))
+        return default if value is None else read(value, self._prefix + key)
 
     def extra(self) -> dict[str, Any]:
+        if self.data.keys() <= self.seen:
+            return {}
         return {key: value for key, value in self.data.items() if key not in self.seen}
 
 
 def _records(value: Any, where: str, read: Callable[[Any, str], T]) -> tuple[T, ...]:
-    return tuple(read(item, f"{where}[{i}]") for i, item in enumerate(_list(value, where)))
+    return tuple([read(item, f"{where}[{i}]") for i, item in enumerate(_list(value, where))])
 
 
 def _by_path(value: Any, where: str, read: Callable[[Any, str], T]) -> dict[str, T]:

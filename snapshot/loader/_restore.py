@@ -142,7 +142,10 @@ class Restorer:
             pos.lookahead = deque()
             pos.epoch_finished = all(r.epoch_finished for r in saved.ranks) and bool(saved.ranks)
         state = service if reading.reads_records or service is None else service.to_dict()
-        pos.end = reading.restore(self.graph.datapipe, state or {}, strategy=strategy)
+        if reading.takes_graph:  # the analysis the checks above used: the service does not walk the graph again
+            pos.end = reading.restore(self.graph.datapipe, state or {}, strategy=strategy, graph=self.graph.graph)
+        else:
+            pos.end = reading.restore(self.graph.datapipe, state or {}, strategy=strategy)
         if rank_position is None:
             progress = getattr(reading, "progress", None)
             pos.yielded = progress()[0] if progress is not None else 0

@@ -76,6 +76,9 @@ class ReadingServiceInterface(ABC):
     #: Whether :meth:`restore` and :meth:`validate` take the snapshot's typed record
     #: (:class:`snapshot.schema.ServiceState`, as the loader read it) instead of the plain dict.
     reads_records: bool = False
+    #: Whether :meth:`restore` takes ``graph``: the loader's analysis of the ``datapipe`` it passes
+    #: (:class:`snapshot.engine.graph.Graph`), so that the service need not walk the graph again.
+    takes_graph: bool = False
 
     @abstractmethod
     def initialize(self, datapipe: Any) -> Iterable[Any]:
@@ -98,8 +101,9 @@ class ReadingServiceInterface(ABC):
         raise self._not_checkpointable("save a snapshot", "checkpoint")
 
     def restore(self, datapipe: Any, state: ServiceCheckpoint | schema.ServiceState, *,
-                strategy: Any = "auto") -> Iterable[Any]:
-        """Prepare ``datapipe`` and position it where ``state`` was taken (its record, when :attr:`reads_records`)."""
+                strategy: Any = "auto", graph: Any = None) -> Iterable[Any]:
+        """Prepare ``datapipe`` and position it where ``state`` was taken (its record, when :attr:`reads_records`;
+        ``graph``, the loader's :class:`~snapshot.engine.graph.Graph` of ``datapipe``, when :attr:`takes_graph`)."""
         raise self._not_checkpointable("restore a snapshot", "restore")
 
     def _not_checkpointable(self, action: str, method: str) -> SnapshotError:

@@ -88,6 +88,7 @@ class DistributedReadingService(ReadingServiceInterface):
     """
 
     reads_records = True
+    takes_graph = True
 
     def __init__(self, timeout: float = 1800.0, *, logical_shards: int | None = None,
                  even_batches: str | None = "drop", executor: ShardedService | None = None):
@@ -229,7 +230,7 @@ class DistributedReadingService(ReadingServiceInterface):
         return problems
 
     def restore(self, datapipe: Any, state: ServiceCheckpoint | ServiceState | None, *,
-                strategy: Any = RestoreStrategy.AUTO) -> _Output:
+                strategy: Any = RestoreStrategy.AUTO, graph: Graph | None = None) -> _Output:
         state = as_record(state) if state else None
         if state is None:
             if not self.executor.configured:
@@ -246,7 +247,7 @@ class DistributedReadingService(ReadingServiceInterface):
         if self._pending_first:
             first += deal(self._pending_first, collective.rank, collective.world)
         self._pending_first = []
-        self.executor.restore(datapipe, state, strategy=strategy, plan=plan, rank=collective.rank)
+        self.executor.restore(datapipe, state, strategy=strategy, plan=plan, rank=collective.rank, graph=graph)
         self._even, self._resume_last, self._first = None, saved_last(state, collective.rank), first
         self._resume_sharing = saved_sharing(state, collective.rank, collective.world)
         return _Output(self)

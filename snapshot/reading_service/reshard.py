@@ -114,7 +114,7 @@ class SavedLayout:
     def from_state(cls, state: schema.ServiceState) -> SavedLayout:
         """The layout a service's state describes. A distributed snapshot's state, joined from the parts a
         rank read, has the layout, the owners and each rank's handout and end whatever parts were read."""
-        layout = schema.ServiceLayout.from_dict({"name": state.service, **state.layout}, "state.service.layout")
+        layout = state.layout_record()
         units = state.units
         handouts = tuple(_handout(h) for h in ([r.handout for r in state.ranks] if state.ranks
                                                else [layout.extra.get(schema.HANDOUT)]))

@@ -66,6 +66,10 @@ class SequentialReadingService(ReadingServiceInterface):
     def reads_records(self) -> bool:  # type: ignore[override]
         return self.inner.reads_records
 
+    @property
+    def takes_graph(self) -> bool:  # type: ignore[override]
+        return self.inner.takes_graph
+
     def checkpoint(self) -> ServiceCheckpoint:
         return self.inner.checkpoint()
 
@@ -76,7 +80,9 @@ class SequentialReadingService(ReadingServiceInterface):
         return self.inner.parts_to_read(index)
 
     def restore(self, datapipe: Any, state: Any, *,
-                strategy: Any = RestoreStrategy.AUTO) -> Iterable[Any]:
+                strategy: Any = RestoreStrategy.AUTO, graph: Any = None) -> Iterable[Any]:
+        if graph is not None and self.inner.takes_graph:
+            return self.inner.restore(datapipe, state, strategy=strategy, graph=graph)
         return self.inner.restore(datapipe, state, strategy=strategy)
 
     def hand_out_first(self, per_rank: list[list[Any]]) -> None:

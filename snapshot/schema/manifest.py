@@ -374,8 +374,8 @@ class Manifest:
         service = state.service
         if service is not None and self.service.name in SHARDED_SERVICES:  # else a wrapper (sequential) or the user's
             pairs.append(("service.name", self.service.name, service.service))
-        layout = {} if service is None else \
-            ServiceLayout.from_dict({"name": self.service.name, **service.layout}, "state.service.layout").layout
+        layout = {} if service is None else service.layout_record().layout if service.service == self.service.name \
+            else ServiceLayout.from_dict({"name": self.service.name, **service.layout}, "state.service.layout").layout
         pairs.append(("service", self.service.layout, layout))
         records = () if service is None else service.shards
         pairs.append(("upstream", len(self.upstream), 0 if service is None else len(service.upstream)))

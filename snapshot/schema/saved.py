@@ -105,6 +105,7 @@ class ServiceState:
         if "name" in state.layout:
             raise _fail(f"{where}.layout", "no 'name' (the service's name is state.service.service)", "name")
         layout = ServiceLayout.from_dict({"name": state.service, **state.layout}, f"{where}.layout")
+        state.__dict__["_layout_record"] = ((state.service, dict(state.layout)), layout)  # see layout_record
         units = layout.units or count
         if len(state.shards) != units:
             what = "logical shard" if units == count else "logical shard or sub-shard"
@@ -129,6 +130,15 @@ class ServiceState:
         return out
 
     # -- the layout, read --------------------------------------------------------------------
+
+    def layout_record(self) -> ServiceLayout:
+        """The layout read as a manifest's ``service`` (named :attr:`service`): once per layout, however many
+        steps of a restore ask (the check against the manifest, the re-shard plan)."""
+        cached = self.__dict__.get("_layout_record")
+        if cached is None or cached[0] != (self.service, self.layout):
+            layout = ServiceLayout.from_dict({"name": self.service, **self.layout}, "state.service.layout")
+            cached = self.__dict__["_layout_record"] = ((self.service, dict(self.layout)), layout)
+        return cached[1]
 
     def _count(self, key: str, default: int) -> int:
         value = self.layout.get(key)

@@ -278,3 +278,30 @@ def test_a_service_builds_and_analyzes_the_graph_once(monkeypatch) -> None:
     with snapshot.DataLoader2(IterableWrapper(range(8)).sharding_filter(), reading_service=service) as dl:
         assert sorted(dl) == list(range(8))
     assert len(analyzed) == 1
+
+
+def _add_100(datapipe, worker_info):
+    return datapipe.map(_plus_100)
+
+
+def _plus_100(x):
+    return x + 100
+
+
+def test_a_restore_runs_the_graph_that_init_fn_returns() -> None:
+    """A restore hands the service the loader's analysis of its graph; a service whose ``init_fn`` returns
+    another graph runs (and analyzes) that one, as an uninterrupted run does."""
+    def make() -> snapshot.DataLoader2:
+        service = snapshot.InProcessReadingService(init_fn=_add_100)
+        return snapshot.DataLoader2(IterableWrapper(range(12)).shuffle(buffer_size=4), reading_service=service)
+
+    with make() as dl:
+        dl.seed(3)
+        it = iter(dl)
+        head = [next(it) for _ in range(5)]
+        snap = dl.save_snapshot()
+        rest = list(it)
+    assert sorted(head + rest) == list(range(100, 112))
+    with make() as restored:
+        restored.restore_snapshot(snap)
+        assert list(restored) == rest

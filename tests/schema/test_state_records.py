@@ -159,3 +159,19 @@ def test_the_dict_alias_of_the_service_checkpoint_is_deprecated() -> None:
 
     with pytest.warns(DeprecationWarning, match="ServiceCheckpoint"):
         assert services.ServiceState is services.ServiceCheckpoint
+
+
+def test_the_layout_is_read_once_and_again_when_it_changes() -> None:
+    """``ServiceState.layout_record`` keeps the layout the record was checked with, and reads (and checks)
+    a layout that changed since."""
+    state = schema.ServiceState.from_dict(SERVICE.to_dict())
+    assert state is not None
+    assert state.layout_record() is state.layout_record()
+    assert state.layout_record().logical_shards == SERVICE.logical_shards
+    state.layout["units"] = 3  # not a multiple of the logical shards
+    with pytest.raises(ManifestError, match=r"state\.service\.layout\.units"):
+        state.layout_record()
+    moved = schema.ServiceState.from_dict(SERVICE.to_dict())
+    assert moved is not None
+    moved.service = "InProcessReadingService"
+    assert moved.layout_record().name == "InProcessReadingService"

@@ -104,6 +104,7 @@ class ShardedService(ReadingServiceInterface):
     #: How buffering pipes save their samples; set by ``DataLoader2(buffer_state=...)``.
     buffer_state: str = "values"
     reads_records = True
+    takes_graph = True
 
     def __init__(self, *, logical_shards: int | None, global_rng: GlobalRNG | str):
         self.logical_shards = logical_shards
@@ -269,9 +270,11 @@ class ShardedService(ReadingServiceInterface):
         return None
 
     def restore(self, datapipe: Any, state: ServiceCheckpoint | ServiceState | None, *,
-                strategy: Any = RestoreStrategy.AUTO, plan: ReshardPlan | None = None, rank: int = 0) -> _Output:
+                strategy: Any = RestoreStrategy.AUTO, plan: ReshardPlan | None = None, rank: int = 0,
+                graph: Graph | None = None) -> _Output:
         """Continue from ``state``, running what ``plan`` gives rank ``rank`` (default: this service's own
-        plan, every unit): the saved units, or sub-shards of them (see :mod:`.split`)."""
+        plan, every unit): the saved units, or sub-shards of them (see :mod:`.split`). ``graph``: the caller's
+        analysis of ``datapipe``, used when :meth:`prepare` leaves ``datapipe`` as it is."""
         state = as_record(state) if state else None
         if state is None:
             if self._executor is None:
@@ -284,7 +287,9 @@ class ShardedService(ReadingServiceInterface):
         if self._graph is not None and self._analysis is not None:
             graph, analysis = self._graph, self._analysis
         else:
-            graph = Graph(self.prepare(datapipe))
+            prepared = self.prepare(datapipe)
+            if graph is None or graph.sink is not prepared:
+                graph = Graph(prepared)
             analysis = analyze(graph)
         units, owned = _restored_units(state, plan, rank, analysis)
         if self._executor is None or (count, units, owned) != (self._count, self._units, self._owned):

@@ -138,8 +138,8 @@ def manifest_of(source: Any, service: schema.ServiceState | None, payload: dict[
         graph=schema.GraphDesc(source.graph_fingerprint, source.graph_bytes is not None,
                                tuple(schema.NodeDesc.from_dict(n) for n in source.graph_nodes),
                                source.code_changes),
-        service=schema.ServiceLayout.from_dict({"name": source.service_name,
-                                                **({} if service is None else service.layout)}),
+        service=service.layout_record() if service is not None and service.service == source.service_name else
+        schema.ServiceLayout.from_dict({"name": source.service_name, **({} if service is None else service.layout)}),
         shards=() if service is None else tuple(_shard_position(s, sizes, i) for i, s in enumerate(service.shards)),
         upstream=() if service is None else tuple(_upstream_position(u, sizes, i)
                                                   for i, u in enumerate(service.upstream)),

@@ -155,8 +155,9 @@ class Node:
     inputs: list[str] = field(default_factory=list)
     consumers: list[str] = field(default_factory=list)
 
-    @property
+    @functools.cached_property
     def fingerprint(self) -> str:
+        """A digest of the type and the arguments (both fixed once the node is found: computed once)."""
         text = self.type + "(" + ", ".join(f"{k}={v}" for k, v in self.args.items()) + ")"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 

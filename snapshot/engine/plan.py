@@ -263,9 +263,7 @@ class _Part:
 def check_strategy(graph: Graph, strategy: RestoreStrategy) -> None:
     """Refuse, before anything changes, a strategy that ``graph`` cannot be restored with (the plans
     themselves are made per logical shard, when the reading service restores it)."""
-    from snapshot.engine.graph import ROOT
-
-    _check_strategy(graph, _Part(graph, [ROOT], frozenset()).nodes, strategy)
+    _check_strategy(graph, set(graph.by_path), strategy)  # every node: the graph is what its sink reads
 
 
 def _check_strategy(graph: Graph, nodes: set[str], strategy: RestoreStrategy) -> dict[str, str]:

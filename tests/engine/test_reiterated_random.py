@@ -29,7 +29,7 @@ from snapshot.errors import SnapshotError
 from snapshot.reading_service import MultiProcessingReadingService
 from snapshot.testing import Cut, assert_resumes_exactly
 from tests.graphs import Squares, double
-from tests.helpers import assert_resumes_exactly_onto
+from tests.helpers import HOOKED_STRATEGIES, assert_resumes_exactly_onto
 
 SEED = 7
 
@@ -196,7 +196,7 @@ def _stream(factory: Any, *, save_at: tuple[int, ...] = (), service: Any = None,
 
 
 def test_issue_case_restores_exactly_in_every_pass_and_at_the_boundaries() -> None:
-    assert_resumes_exactly(issue_case, seed=SEED, cuts=pass_cuts(40, 3), strategies=("state", "auto", "fast_forward"))
+    assert_resumes_exactly(issue_case, seed=SEED, cuts=pass_cuts(40, 3), strategies=HOOKED_STRATEGIES)
 
 
 def test_issue_case_cut_after_51_continues_through_the_third_pass(tmp_path: Any) -> None:
@@ -275,7 +275,7 @@ def test_reiterated_random_pipes_restore_exactly(factory: Any, pass_length: int,
     hookless = factory in (hookless_inside_the_cycle, hookless_outside_the_cycle, hookless_random_pipe_in_the_cycle,
                            multiplexer_replayed_within_its_pass, hookless_reiterator_over_shuffle,
                            map_shuffle_in_the_cycle)
-    strategies = ("auto", "fast_forward") if hookless else ("state", "auto", "fast_forward")
+    strategies = ("auto", "fast_forward") if hookless else HOOKED_STRATEGIES  # auto: state's plan (tests/helpers.py)
     assert_resumes_exactly(factory, seed=SEED, cuts=pass_cuts(pass_length, passes), strategies=strategies)
 
 
@@ -329,7 +329,7 @@ def test_cycle_above_the_sharding_point_with_workers() -> None:
 def test_shuffle_cycled_in_each_shard_with_workers() -> None:
     cuts = [Cut(0, 4), Cut(0, 5), Cut(0, 11), Cut(0, 12), Cut(0, 23), Cut(0, 24, finished=True), Cut(1, 6)]
     assert_resumes_exactly(shuffle_cycled_in_each_shard, seed=SEED, reading_service=functools.partial(workers, 2),
-                           restore_service=functools.partial(workers, 1), cuts=cuts, strategies=("state", "auto"),
+                           restore_service=functools.partial(workers, 1), cuts=cuts, strategies=("state",),
                            via_file=False)
 
 
@@ -366,13 +366,13 @@ def test_with_workers_a_run_that_saves_equals_one_that_never_saves() -> None:
 @pytest.mark.parametrize("factory", [issue_case, nested_cycles, cycle_over_bucketbatch])
 def test_buffers_saved_by_position_restore_exactly(factory: Any) -> None:
     (epoch, _), _ = _stream(factory)
-    assert_resumes_exactly(factory, seed=SEED, cuts=pass_cuts(len(epoch) // 3, 3), strategies=("state", "auto"),
+    assert_resumes_exactly(factory, seed=SEED, cuts=pass_cuts(len(epoch) // 3, 3), strategies=("state",),
                            buffer_state="positions")
 
 
-# ``state`` and ``auto`` make the same plan for a graph whose every node has a state hook (nothing to replay:
-# snapshot/engine/plan.py's make_plan), so the first two graphs are restored with ``state`` alone (``auto``
-# is the default of every other restore of the suite); the third needs a replay, where they differ.
+# ``auto`` makes the plan of ``state`` for a graph whose every node has a state hook (tests/helpers.py's
+# HOOKED_STRATEGIES), so the first two graphs are restored with ``state``; the third needs a replay, where
+# ``auto`` differs.
 @pytest.mark.parametrize(("factory", "strategies"), [
     (issue_case, ("state", "fast_forward")),  # a shuffle above the sharding point, cycled below it
     (shuffle_below_the_sharding_point, ("state",)),  # a shuffle inside each logical shard, cycled

@@ -35,9 +35,31 @@ def _child(fn: Callable[..., Any], args: tuple[Any, ...], conn: Any) -> None:
     conn.close()
 
 
+def run_script(script: str, args: list[str], cwd: str) -> str:
+    """``python SCRIPT *ARGS`` in ``cwd`` (called in a zygote's child): what it printed. The script runs as
+    ``__main__`` (a module of its own, as runpy makes it), with its directory first on ``sys.path``."""
+    import contextlib
+    import io
+    import runpy
+
+    os.chdir(cwd)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    sys.argv = [script, *args]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as exc:
+            if exc.code not in (None, 0):
+                raise
+    return out.getvalue()
+
+
 def _serve(receive_fd: int, send_fd: int, preload: tuple[str, ...]) -> None:
     """The zygote's loop (``python -c``): a request per message on ``receive_fd``, each reply on ``send_fd``."""
     from multiprocessing.connection import Connection
+
+    sys.path[:] = [os.path.abspath(p) for p in sys.path]  # ``-c``'s "" would follow a child's chdir
 
     for name in preload:
         importlib.import_module(name)

@@ -22,7 +22,15 @@ from typing import Any
 from snapshot.errors import RestoreError
 from snapshot.hooks._base import ResumableIterator
 from snapshot.hooks._registry import hook_for
-from snapshot.hooks.builtin._streams import address_key, address_of, check_unchanged, place_of, reopen, reopen_many
+from snapshot.hooks.builtin._streams import (
+    address_key,
+    address_of,
+    check_unchanged,
+    place_of,
+    reopen,
+    reopen_many,
+    seek,
+)
 
 __all__ = ["KeepsAddresses", "OffsetReading", "StreamReading", "inflated_by", "reopenable"]
 
@@ -130,7 +138,7 @@ class StreamReading(KeepsAddresses, ResumableIterator):
                 for index in sorted(indices[group], key=lambda i: addresses[i][AT]):
                     address = addresses[index]
                     if stream.tell() != address[AT]:
-                        stream.seek(address[AT])
+                        seek(stream, address[AT])
                     yield index, self._sample_at(stream, address)
             finally:
                 stream.close()

@@ -202,13 +202,17 @@ def in_process(repeat: int) -> dict[str, dict[str, float]]:
     return {"wall": wall, "cpu": cpu}
 
 
-def api_figures(repeat: int) -> dict[str, float]:
+def api_figures(repeat: int, fork: bool = False) -> dict[str, float]:
     import statistics
+
+    from benchmarks.common import forked
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "api.snap")
 
         def fresh(kind: str, target: str) -> dict[str, float]:
+            if fork:
+                return forked(_api_case, kind, target)
             out = subprocess.run([sys.executable, "-c", "import sys, json; from benchmarks import _codec_table as t; "
                                   "print(json.dumps(t._api_case(sys.argv[1], sys.argv[2])))", kind, target],
                                  check=True, capture_output=True, text=True, timeout=600)
@@ -229,10 +233,12 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.2f} ms"
 
 
-def run(repeat: int) -> dict[str, Any]:
-    """Print both tables and their budgets; the figures and the verdicts."""
-    rows = codec_rows(max(repeat, 20))
-    print("the data encoding: encode / decode, fastest of", max(repeat, 20), "runs")
+def run(repeat: int, rounds: int | None = None, fork: bool = False) -> dict[str, Any]:
+    """Print both tables and their budgets; the figures and the verdicts. ``rounds``: the fastest of how many
+    runs (``max(repeat, 20)`` by default); ``fork``: the API's "fresh processes" are forked from this one."""
+    rounds = rounds or max(repeat, 20)
+    rows = codec_rows(rounds)
+    print("the data encoding: encode / decode, fastest of", rounds, "runs")
     print(table(["state", "ours", "pickle (protocol 5)", "msgpack (raw)"],
                 [[r["state"], *(f"{_ms(r[k][0])} / {_ms(r[k][1])}" for k in ("ours", "pickle", "msgpack"))]
                  for r in rows]))
@@ -245,9 +251,9 @@ def run(repeat: int) -> dict[str, Any]:
             verdicts.append({"budget": f"codec {step}", "state": r["state"], "pass": ok})
             print(f"   {r['state']}, {step}: {ours / pick:.2f}x pickle, {ours / raw:.2f}x msgpack "
                   f"{'PASS' if ok else 'FAIL'}")
-    api = api_figures(repeat)
+    api = api_figures(repeat, fork)
     print("\nthe public API, a Stateful pipe holding a set of 10,000 ids and 10,000 (file, offset, count) tuples "
-          "(medians of", repeat, "fresh processes):")
+          "(medians of", repeat, "forked" if fork else "fresh", "processes):")
     save_ok = api["save"] <= PICKLE_BUDGET * api["pickle_dump"]
     restore_ok = api["restore"] <= PICKLE_BUDGET * api["pickle_load"]
     print(f"   save_snapshot {_ms(api['save'])} vs pickle.dump {_ms(api['pickle_dump'])}: "
@@ -256,8 +262,8 @@ def run(repeat: int) -> dict[str, Any]:
           f"{api['restore'] / api['pickle_load']:.2f}x {'PASS' if restore_ok else 'FAIL'}")
     print(f"   the same, again in that process: {_ms(api['restore_again'])} vs {_ms(api['pickle_load_again'])}: "
           f"{api['restore_again'] / api['pickle_load_again']:.2f}x")
-    warm = in_process(max(repeat, 20))
-    print(f"   in one process, fastest of {max(repeat, 20)} (wall / CPU): save_snapshot "
+    warm = in_process(rounds)
+    print(f"   in one process, fastest of {rounds} (wall / CPU): save_snapshot "
           + " and restore ".join(f"{warm['wall'][ours] / warm['wall'][theirs]:.2f}x / "
                                  f"{warm['cpu'][ours] / warm['cpu'][theirs]:.2f}x"
                                  for ours, theirs in (("save", "pickle_dump"), ("restore", "pickle_load")))

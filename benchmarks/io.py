@@ -170,11 +170,11 @@ def measure(pipe: Pipeline, folder: str, workers: int, k: int, tmp: str, repeat:
             "replayed": saved["replayed"], "replayed_positions": pos["replayed"], "exact": exact and ok and ff_ok}
 
 
-def run(repeat: int = 3, json_path: str | None = None, size: str = "20MB", pipelines: str = ",".join(PIPELINES),
+def run(repeat: int = 3, json_path: str | None = None, size: str = "20MB", pipelines: str | None = None,
         modes: str = "0,2", peer_python: list[str] | None = None, peers_dir: str | None = None,
         positions: tuple[float, ...] = POSITIONS) -> dict[str, Any]:
     warnings.filterwarnings("ignore")
-    chosen = [PIPELINES[name] for name in pipelines.split(",") if name]
+    chosen = [PIPELINES[name] for name in (pipelines or ",".join(PIPELINES)).split(",") if name]
     results: list[dict[str, Any]] = []
     failures: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="snapshot-io-") as tmp:

@@ -27,6 +27,13 @@ samples (``--only 100x16KiB`` any other case). The 256 KiB x 10 000 case (2.6 GB
 runs only with ``--large``. Each measurement runs ``--repeat`` times (3 by default), each in a
 fresh process, and every figure is the median of those runs: ten fresh processes per case
 and repeat (``--only 157 --repeat 3``: about a minute and a half on an idle 2-core machine).
+
+For a quick check that every row and budget is computed (tests/package/test_benchmarks_scale.py):
+``--only 100x4KiB --rounds 2 --fork``. ``--rounds N``: the codec table and the API's in-process figures are
+the fastest of N runs (``max(repeat, 20)`` by default). ``--fork``: each measurement runs in a child forked
+from the benchmark's process (torch and snapshot imported once) instead of a fresh interpreter; peaks are
+still the child's own above its RSS before the save, but a restore "in a fresh process" starts with the
+parent's warm caches.
 """
 
 from __future__ import annotations
@@ -37,9 +44,9 @@ import subprocess
 import sys
 from typing import Any
 
-from benchmarks import _codec_table
+from benchmarks import _scale_case
 from benchmarks._scale_case import ITEM_KINDS, build, item
-from benchmarks.common import save_json, table
+from benchmarks.common import forked, save_json, table
 
 __all__ = ["BUFFERS", "ITEMS", "ITEM_KINDS", "OPTIONS", "build", "item", "parse_case", "run"]
 
@@ -72,10 +79,13 @@ def parse_case(text: str) -> tuple[int, int]:
 
 
 def _measure(repeat: int, kind: str, buffer: int, size: int, option: str = "values",
-             items: str = "bytes") -> dict[str, Any]:
-    """The median of each figure over ``repeat`` fresh processes (``peak_reset``: in all of them)."""
+             items: str = "bytes", fork: bool = False) -> dict[str, Any]:
+    """The median of each figure over ``repeat`` fresh (or forked) processes (``peak_reset``: in all of them)."""
     runs = []
     for _ in range(max(1, repeat)):
+        if fork:
+            runs.append(forked(_scale_case.case, kind, buffer, size, option, items, timeout=1800))
+            continue
         output = subprocess.run([sys.executable, "-m", "benchmarks._scale_case", kind, str(buffer), str(size),
                                  option, items], check=True, capture_output=True, text=True, timeout=1800)
         runs.append(json.loads(output.stdout.strip().splitlines()[-1]))
@@ -98,10 +108,10 @@ def _verdict(ok: bool) -> str:
 
 
 def _figure(repeat: int, buffer: int, size: int, kind: str, option: str,
-            dcp: dict[str, dict[str, Any]]) -> dict[str, Any]:
+            dcp: dict[str, dict[str, Any]], fork: bool) -> dict[str, Any]:
     """The sync and background measurements of one row, and their ratios."""
-    sync = _measure(repeat, "sync", buffer, size, option, kind)
-    background = _measure(repeat, "background", buffer, size, option, kind)
+    sync = _measure(repeat, "sync", buffer, size, option, kind, fork)
+    background = _measure(repeat, "background", buffer, size, option, kind, fork)
     state = sync["state"]
     return {"buffer": buffer, "item": size, "kind": kind, "buffer_state": option, "state": state,
             "size": sync["size"], "sync": sync["sync"], "restore": sync["restore"],
@@ -175,25 +185,27 @@ def budgets(figures: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def run(repeat: int = 1, json_path: str | None = None, large: bool = False, items: str = ",".join(ITEM_KINDS),
-        only: str | None = None) -> dict[str, Any]:
+        only: str | None = None, rounds: int | None = None, fork: bool = False) -> dict[str, Any]:
     kinds = [k for k in items.split(",") if k]
     unknown = sorted(set(kinds) - set(ITEM_KINDS))
     if unknown or not kinds:
         raise SystemExit(f"--items {items!r}: choose from {','.join(ITEM_KINDS)}")
     cases = [parse_case(only)] if only else [(buffer, size) for size in ITEMS for buffer in BUFFERS]
-    codec = _codec_table.run(repeat)  # after the arguments are checked: it takes most of a minute
+    from benchmarks import _codec_table  # after the arguments are checked: it imports torch
+
+    codec = _codec_table.run(repeat, rounds, fork)
     print()
     figures, rows, dcp_rows = [], [], []
     for buffer, size in cases:
         if size * buffer > 1e9 and not large:
             rows.append([f"{buffer:,}", f"{size // 1024} KiB", "", "skipped (--large)", *[""] * 10])
         else:
-            dcp = {"items": _measure(repeat, "dcp-items", buffer, size),
-                   "one": _measure(repeat, "dcp-one", buffer, size)}
+            dcp = {"items": _measure(repeat, "dcp-items", buffer, size, fork=fork),
+                   "one": _measure(repeat, "dcp-one", buffer, size, fork=fork)}
             dcp_rows.append(_dcp_row(buffer, size, dcp))
             for kind in kinds:
                 for option in OPTIONS:
-                    figures.append(_figure(repeat, buffer, size, kind, option, dcp))
+                    figures.append(_figure(repeat, buffer, size, kind, option, dcp, fork))
                     rows.append(_row(figures[-1]))
         print(table(HEADERS, rows), flush=True)
         print()

@@ -10,25 +10,26 @@ from collections.abc import Iterator
 import pytest
 
 #: The test files that take longest, longest first (seconds summed over a file's tests, from
-#: ``pytest -n 2 --dist loadfile --junitxml``; the rest take under 40 s each). ``make unit`` runs each
-#: file whole on one of two processes, in this order (``--no-loadscope-reorder``: pytest-xdist would
-#: otherwise start the files with the most tests first, and these few-test, slow files last, when
-#: one of them can keep a process busy for minutes after the other has finished).
+#: ``pytest -n 2 --dist loadfile --junitxml`` on a loaded machine; the rest take under 50 s each there).
+#: ``make unit`` runs each file whole on one of two processes, in this order (``--no-loadscope-reorder``:
+#: pytest-xdist would otherwise start the files with the most tests first, and these few-test, slow files
+#: last, when one of them can keep a process busy for minutes after the other has finished).
 LONGEST_FIRST = (
-    "tests/integrations/test_lightning.py", "tests/package/test_tutorials.py",
-    "tests/container/test_main_functions.py", "tests/end_to_end/test_fuzz_graphs.py",
-    "tests/engine/test_reiterated_random.py", "tests/package/test_benchmarks_scale.py",
-    "tests/package/test_examples.py", "tests/reading_service/test_workers.py", "tests/hooks/test_builtin.py",
-    "tests/loader/test_shutdown_save.py", "tests/integrations/test_accelerate.py", "tests/package/test_docs.py",
-    "tests/package/test_preemption_example.py", "tests/hooks/test_coverage.py",
+    "tests/integrations/test_lightning.py", "tests/end_to_end/test_fuzz_graphs.py",
+    "tests/engine/test_reiterated_random.py", "tests/package/test_tutorials.py",
+    "tests/reading_service/test_workers.py", "tests/package/test_examples.py", "tests/package/test_docs.py",
+    "tests/integrations/test_accelerate.py", "tests/reading_service/test_dispatch.py",
+    "tests/container/test_main_functions.py", "tests/hooks/test_coverage.py",
+    "tests/package/test_preemption_example.py", "tests/hooks/test_builtin.py",
     "tests/reading_service/test_nonreplicable_tail.py", "tests/reading_service/test_elastic_buffers.py",
-    "tests/reading_service/test_dispatch.py", "tests/cli/test_verify.py",
-    "tests/integrations/test_paired_checkpoint.py", "tests/engine/test_fingerprint_code.py",
-    "tests/storage/test_two_nodes.py", "tests/storage/test_object_store_faults.py",
-    "tests/end_to_end/test_resume.py", "tests/hooks/test_file_pipelines.py", "tests/end_to_end/test_resume_random.py",
-    "tests/hooks/test_positions_batch.py", "tests/reading_service/test_distributed_even.py",
-    "tests/reading_service/test_worker_reset_fn.py", "tests/package/test_benchmarks_distributed.py",
-    "tests/reading_service/test_elastic_ranks.py", "tests/package/test_demo.py",
+    "tests/storage/test_object_store_faults.py", "tests/hooks/test_file_pipelines.py",
+    "tests/integrations/test_paired_checkpoint.py", "tests/reading_service/test_distributed.py",
+    "tests/storage/test_two_nodes.py", "tests/package/test_benchmarks_distributed.py",
+    "tests/hooks/test_positions_batch.py", "tests/schema/test_schema.py", "tests/cli/test_verify.py",
+    "tests/reading_service/test_worker_reset_fn.py", "tests/package/test_demo.py", "tests/end_to_end/test_resume.py",
+    "tests/reading_service/test_distributed_even.py", "tests/loader/test_shutdown_save.py",
+    "tests/package/test_benchmarks_scale.py", "tests/end_to_end/test_resume_random.py",
+    "tests/engine/test_fingerprint_code.py", "tests/reading_service/test_elastic_ranks.py",
 )
 
 

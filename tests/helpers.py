@@ -91,3 +91,29 @@ def kill_once_started(child: subprocess.Popen[str], marker: str, timeout: float 
     finally:
         child.kill()
         child.wait(30)
+
+
+def assert_resumes_exactly_onto(factory: Any, reading_service: Any, targets: Mapping[str, Any], *, seed: int,
+                                cuts: list[Any], strategies: Mapping[str, tuple[str, ...]],
+                                epochs: int = 2) -> None:
+    """:func:`snapshot.testing.assert_resumes_exactly` (in memory, in this process) onto several targets from one
+    run per cut: the runs that save are the same for every target (the same graph, service, seed and cut), so
+    each is run once and its snapshot restored onto each target (a name and a service factory) with that
+    target's ``strategies``."""
+    from snapshot.testing import _after, _check_continuation, _continue, _reference, _save_at
+
+    reference = _reference(factory, reading_service, seed, epochs)
+    for cut in cuts:
+        data = _save_at(factory, reading_service, seed, "values", cut, reference, False)
+        epochs_left = epochs - cut.epoch - (1 if cut.finished else 0)
+        for name, target in targets.items():
+            for strategy in strategies[name]:
+                streams, _ = _continue(factory, target, data, strategy, epochs_left, None)
+                _check_continuation(f"restore at [{cut}] onto {name} with strategy={strategy!r}", cut, cut.samples,
+                                    _after(reference, cut, cut.samples), streams)
+
+
+#: The restore strategies to check a graph whose every node has a state hook with: ``auto`` makes the plan of
+#: ``state`` for such a graph (nothing to replay: snapshot/engine/plan.py's make_plan), so where ``state`` restores
+#: exactly, ``auto`` would run the same restore again. ``auto`` is checked where some node must replay.
+HOOKED_STRATEGIES = ("state", "fast_forward")

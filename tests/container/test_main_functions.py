@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,13 +73,13 @@ import torch
 import snapshot
 
 if __name__ == "__main__":  # spawned workers import this script again
-    src = sys.argv[1]
-    if src.endswith(".pt"):
-        loader = snapshot.DataLoader2.from_state(torch.load(src, weights_only=True))
-    else:
-        loader = snapshot.DataLoader2.from_snapshot(src, {service})
-    with loader:
-        print(json.dumps(list(loader)))
+    for src in sys.argv[1:]:
+        if src.endswith(".pt"):
+            loader = snapshot.DataLoader2.from_state(torch.load(src, weights_only=True))
+        else:
+            loader = snapshot.DataLoader2.from_snapshot(src, {service})
+        with loader:
+            print(json.dumps(list(loader)))
 """
 
 SAVE = "loader.save_snapshot(sys.argv[1])"
@@ -107,26 +108,40 @@ def write_scripts(tmp_path: Path, *, save: str = SAVE, service_a: str = "None",
 SPAWNED = "reading_service=snapshot.MultiProcessingReadingService(2, multiprocessing_context='spawn')"
 
 
-@pytest.mark.parametrize(("service_a", "spawned", "save", "target"), [
-    ("None", False, SAVE, "data.snap"),
-    ("snapshot.MultiProcessingReadingService(2)", True, SAVE, "data.snap"),
-    ("None", False, STATE, "state.pt"),
-], ids=["in_process", "workers", "state_dict"])
-def test_a_scripts_functions_restore_in_another_script(tmp_path, service_a, spawned, save, target) -> None:
-    """B restores in-process; a save by workers is also restored by B's spawned workers (which import B
-    again), from the same file (one run of A for both)."""
-    a_dir, b_dir = write_scripts(tmp_path, save=save, service_a=service_a)
-    path = tmp_path / target
+@pytest.fixture(scope="module")
+def in_process_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Script A run once in-process, saving both ways at one point (a snapshot file, then a state dict), and
+    script B run once, restoring each: what A read after the save, and B's stream from each file."""
+    tmp_path = tmp_path_factory.mktemp("in-process")
+    a_dir, b_dir = write_scripts(tmp_path, save=SAVE + "\n    " + STATE.replace("sys.argv[1]", "sys.argv[2]"))
+    targets = ["data.snap", "state.pt"]
+    paths = [str(tmp_path / target) for target in targets]
+    saved = json.loads(run("train.py", *paths, cwd=a_dir).stdout)
+    rests = [json.loads(line) for line in run("resume.py", *paths, cwd=b_dir).stdout.splitlines()]
+    return saved, dict(zip(targets, rests))
+
+
+@pytest.mark.parametrize("target", ["data.snap", "state.pt"], ids=["in_process", "state_dict"])
+def test_a_scripts_functions_restore_in_another_script(in_process_job, target: str) -> None:
+    saved, rests = in_process_job
+    assert len(saved["rest"]) > 10
+    assert rests[target] == saved["rest"]
+
+
+def test_a_scripts_functions_restore_in_another_script_with_workers(tmp_path) -> None:
+    """A save by workers is restored by B in-process, and by B's spawned workers (which import B again),
+    from the same file (one run of A for both)."""
+    a_dir, b_dir = write_scripts(tmp_path, service_a="snapshot.MultiProcessingReadingService(2)")
+    path = tmp_path / "data.snap"
     saved = json.loads(run("train.py", str(path), cwd=a_dir).stdout)
     assert len(saved["rest"]) > 10
     rest = json.loads(run("resume.py", str(path), cwd=b_dir).stdout)
     assert rest == saved["rest"]
-    if spawned:
-        spawn_dir = tmp_path / "b-spawned"
-        spawn_dir.mkdir()
-        (spawn_dir / "resume.py").write_text(SCRIPT_B.replace("{service}", SPAWNED))
-        rest = json.loads(run("resume.py", str(path), cwd=spawn_dir).stdout)
-        assert rest == saved["rest"]
+    spawn_dir = tmp_path / "b-spawned"
+    spawn_dir.mkdir()
+    (spawn_dir / "resume.py").write_text(SCRIPT_B.replace("{service}", SPAWNED))
+    rest = json.loads(run("resume.py", str(path), cwd=spawn_dir).stdout)
+    assert rest == saved["rest"]
 
 
 UNPICKLABLE = """
@@ -203,39 +218,44 @@ def test_a_loader_built_in_code_gets_no_snapshot_hint() -> None:
     assert "unpickled from a snapshot" not in "\n".join(getattr(info.value, "__notes__", []))
 
 
-def test_the_snapshot_carries_the_globals_as_they_were_when_the_loader_was_built(tmp_path) -> None:
+#: Two scripts' claims in one process (``python -c``, functions in ``__main__``): the globals a snapshot carries,
+#: and the warning about a large one (attributed to the user's line).
+GLOBALS_SCRIPT = textwrap.dedent("""
+    import warnings
+    from torch.utils.data.datapipes.iter import IterableWrapper
+    import snapshot
+    SCALE = 1
+    def f(x):
+        return x * SCALE
+    loader = snapshot.DataLoader2(IterableWrapper(range(3)).map(f))
+    SCALE = 100
+    print(list(loader), list(snapshot.DataLoader2.from_snapshot(loader.save_snapshot())))
+
+    TABLE = bytes(20 * 2**20)
+    def look_up(i):
+        return TABLE[i]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = snapshot.DataLoader2(IterableWrapper(range(3)).map(look_up))
+    print([str(w.message) for w in caught if "MiB" in str(w.message)])
+    print(caught[-1].filename)
+""")
+
+
+@pytest.fixture(scope="module")
+def globals_script(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    proc = subprocess.run([sys.executable, "-c", GLOBALS_SCRIPT], cwd=tmp_path_factory.mktemp("globals"),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
+
+
+def test_the_snapshot_carries_the_globals_as_they_were_when_the_loader_was_built(globals_script) -> None:
     """The graph (globals included) is pickled when the loader is built, as the loader copies it
     then; the running loader keeps torchdata's behaviour and reads the script's live globals."""
-    script = textwrap.dedent("""
-        from torch.utils.data.datapipes.iter import IterableWrapper
-        import snapshot
-        SCALE = 1
-        def f(x):
-            return x * SCALE
-        loader = snapshot.DataLoader2(IterableWrapper(range(3)).map(f))
-        SCALE = 100
-        print(list(loader), list(snapshot.DataLoader2.from_snapshot(loader.save_snapshot())))
-    """)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["[0,", "100,", "200]", "[0,", "1,", "2]"]
+    assert globals_script[0].split() == ["[0,", "100,", "200]", "[0,", "1,", "2]"]
 
 
-def test_a_large_global_copied_into_the_graph_is_warned_about(tmp_path) -> None:
-    script = textwrap.dedent("""
-        import warnings
-        from torch.utils.data.datapipes.iter import IterableWrapper
-        import snapshot
-        TABLE = bytes(20 * 2**20)
-        def look_up(i):
-            return TABLE[i]
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            loader = snapshot.DataLoader2(IterableWrapper(range(3)).map(look_up))
-        print([str(w.message) for w in caught if "MiB" in str(w.message)])
-        print(caught[-1].filename)
-    """)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "make the graph's pickle 20 MiB (without them: 0 MiB)" in proc.stdout
-    assert proc.stdout.splitlines()[1] == "<string>"  # attributed to the user's line
+def test_a_large_global_copied_into_the_graph_is_warned_about(globals_script) -> None:
+    assert "make the graph's pickle 20 MiB (without them: 0 MiB)" in globals_script[1]
+    assert globals_script[2] == "<string>"  # attributed to the user's line

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from torch.utils.data.datapipes.iter import IterableWrapper
 import snapshot
 from snapshot import format as fmt
 from snapshot.engine._code import code_fingerprint
+from tests.zygote import Zygote, run_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -121,12 +121,12 @@ TIMES_11 = "def f(x):\n    return x * 11\n"
 
 
 class Job:
-    """A module of map functions and a script that imports it, run in fresh processes."""
+    """A module of map functions and a script that imports it, run in fresh processes (forked from a zygote
+    that has imported torch and snapshot, never the module: each run imports it as the file is then)."""
 
-    def __init__(self, root: Path):
-        self.root = root
+    def __init__(self, root: Path, zygote: Zygote):
+        self.root, self.zygote = root, zygote
         (root / "job.py").write_text(SCRIPT)
-        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(ROOT)])}
 
     def module(self, source: str) -> None:
         (self.root / "userfns.py").write_text(source)
@@ -134,15 +134,19 @@ class Job:
             cached.unlink()  # the same size and mtime second must not reuse the old bytecode
 
     def run(self, *args: str) -> object:
-        proc = subprocess.run([sys.executable, "job.py", *args], cwd=self.root, env=self.env,
-                              capture_output=True, text=True, timeout=180)
-        assert proc.returncode == 0, proc.stderr
-        return json.loads(proc.stdout)
+        return json.loads(self.zygote.call(run_script, "job.py", list(args), str(self.root)))
+
+
+@pytest.fixture(scope="module")
+def zygote() -> Iterator[Zygote]:
+    forks = Zygote()
+    yield forks
+    forks.close()
 
 
 @pytest.fixture
-def job(tmp_path: Path) -> Job:
-    return Job(tmp_path)
+def job(tmp_path: Path, zygote: Zygote) -> Job:
+    return Job(tmp_path, zygote)
 
 
 def test_an_unchanged_function_restores_exactly_in_a_fresh_process(job: Job) -> None:

@@ -29,6 +29,7 @@ from snapshot.errors import SnapshotError
 from snapshot.reading_service import MultiProcessingReadingService
 from snapshot.testing import Cut, assert_resumes_exactly
 from tests.graphs import Squares, double
+from tests.helpers import HOOKED_STRATEGIES, assert_resumes_exactly_onto
 
 SEED = 7
 
@@ -195,7 +196,7 @@ def _stream(factory: Any, *, save_at: tuple[int, ...] = (), service: Any = None,
 
 
 def test_issue_case_restores_exactly_in_every_pass_and_at_the_boundaries() -> None:
-    assert_resumes_exactly(issue_case, seed=SEED, cuts=pass_cuts(40, 3), strategies=("state", "auto", "fast_forward"))
+    assert_resumes_exactly(issue_case, seed=SEED, cuts=pass_cuts(40, 3), strategies=HOOKED_STRATEGIES)
 
 
 def test_issue_case_cut_after_51_continues_through_the_third_pass(tmp_path: Any) -> None:
@@ -231,21 +232,21 @@ def test_the_stream_does_not_depend_on_torchs_global_generator() -> None:
 
 
 def test_from_snapshot_in_a_fresh_subprocess(tmp_path: Any) -> None:
-    (reference,), _ = _stream(issue_case, epochs=1)
-    for cut in (40, 81):
-        _, (snap,) = _stream(issue_case, save_at=(cut,), epochs=1)
-        path = tmp_path / f"cut{cut}.snap"
+    (reference,), snaps = _stream(issue_case, save_at=(40, 81), epochs=1)  # at a pass boundary, in the third pass
+    paths = [str(tmp_path / f"cut{cut}.snap") for cut in (40, 81)]
+    for snap, path in zip(snaps, paths):
         snapshot.save(snap, path)
-        script = textwrap.dedent(f"""
-            import json, snapshot
-            with snapshot.DataLoader2.from_snapshot({str(path)!r}) as loader:
+    script = textwrap.dedent(f"""
+        import json, snapshot
+        for path in {paths!r}:  # one fresh process for both: each restore builds its own graph from its file
+            with snapshot.DataLoader2.from_snapshot(path) as loader:
                 print(json.dumps(list(loader)))
-        """)
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                              cwd=root, env={**os.environ, "PYTHONPATH": root})
-        assert proc.returncode == 0, proc.stderr
-        assert json.loads(proc.stdout.strip().splitlines()[-1]) == reference[cut:]
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=root, env={**os.environ, "PYTHONPATH": root})
+    assert proc.returncode == 0, proc.stderr
+    assert [json.loads(line) for line in proc.stdout.strip().splitlines()[-2:]] == [reference[40:], reference[81:]]
 
 
 # -- every kind of re-iterated random pipe, in-process -----------------------------------
@@ -274,7 +275,7 @@ def test_reiterated_random_pipes_restore_exactly(factory: Any, pass_length: int,
     hookless = factory in (hookless_inside_the_cycle, hookless_outside_the_cycle, hookless_random_pipe_in_the_cycle,
                            multiplexer_replayed_within_its_pass, hookless_reiterator_over_shuffle,
                            map_shuffle_in_the_cycle)
-    strategies = ("auto", "fast_forward") if hookless else ("state", "auto", "fast_forward")
+    strategies = ("auto", "fast_forward") if hookless else HOOKED_STRATEGIES  # auto: state's plan (tests/helpers.py)
     assert_resumes_exactly(factory, seed=SEED, cuts=pass_cuts(pass_length, passes), strategies=strategies)
 
 
@@ -305,21 +306,30 @@ def test_later_passes_are_shuffled_again() -> None:
 
 # -- with workers, onto other worker counts -----------------------------------------------
 
+def in_process(logical_shards: int) -> Any:
+    return snapshot.InProcessReadingService(logical_shards=logical_shards)
+
+
+#: Where the snapshots of 2 workers are restored: the same count, fewer workers (both logical shards in one
+#: worker) and in-process (both logical shards in the main process).
+TARGETS = {"2 workers": functools.partial(workers, 2), "1 worker": functools.partial(workers, 1),
+           "in-process": functools.partial(in_process, 2)}
+
+
 def _worker_cuts() -> list[Cut]:
     return [Cut(0, 29), Cut(0, 30), Cut(0, 31), Cut(0, 61), Cut(0, 89), Cut(0, 90, finished=True)]
 
 
-@pytest.mark.parametrize("restore_onto", [2, 1, 0], ids=["onto-2-workers", "onto-1-worker", "onto-in-process"])
-def test_cycle_above_the_sharding_point_with_workers(restore_onto: int) -> None:
-    onto = functools.partial(workers, restore_onto) if restore_onto else None
-    assert_resumes_exactly(cycled_above_the_sharding_point, seed=SEED, reading_service=functools.partial(workers, 2),
-                           restore_service=onto, cuts=_worker_cuts(), strategies=("auto",), via_file=False)
+def test_cycle_above_the_sharding_point_with_workers() -> None:
+    """Saved with 2 workers, each snapshot restored onto 2 workers, 1 worker and in-process (2 logical shards)."""
+    assert_resumes_exactly_onto(cycled_above_the_sharding_point, functools.partial(workers, 2), TARGETS, seed=SEED,
+                                cuts=_worker_cuts(), strategies=dict.fromkeys(TARGETS, ("auto",)))
 
 
 def test_shuffle_cycled_in_each_shard_with_workers() -> None:
     cuts = [Cut(0, 4), Cut(0, 5), Cut(0, 11), Cut(0, 12), Cut(0, 23), Cut(0, 24, finished=True), Cut(1, 6)]
     assert_resumes_exactly(shuffle_cycled_in_each_shard, seed=SEED, reading_service=functools.partial(workers, 2),
-                           restore_service=functools.partial(workers, 1), cuts=cuts, strategies=("state", "auto"),
+                           restore_service=functools.partial(workers, 1), cuts=cuts, strategies=("state",),
                            via_file=False)
 
 
@@ -329,10 +339,6 @@ def test_stream_with_workers_equals_in_process_with_the_same_logical_shards() ->
     (in_process,), _ = _stream(cycled_above_the_sharding_point, service=service, epochs=1)
     assert len(with_workers) == 90
     assert with_workers == in_process
-
-
-def in_process(logical_shards: int) -> Any:
-    return snapshot.InProcessReadingService(logical_shards=logical_shards)
 
 
 def _below_cuts(total: int) -> list[Cut]:
@@ -360,22 +366,24 @@ def test_with_workers_a_run_that_saves_equals_one_that_never_saves() -> None:
 @pytest.mark.parametrize("factory", [issue_case, nested_cycles, cycle_over_bucketbatch])
 def test_buffers_saved_by_position_restore_exactly(factory: Any) -> None:
     (epoch, _), _ = _stream(factory)
-    assert_resumes_exactly(factory, seed=SEED, cuts=pass_cuts(len(epoch) // 3, 3), strategies=("state", "auto"),
+    assert_resumes_exactly(factory, seed=SEED, cuts=pass_cuts(len(epoch) // 3, 3), strategies=("state",),
                            buffer_state="positions")
 
 
-@pytest.mark.parametrize("restore_onto", [2, 1, 0], ids=["onto-2-workers", "onto-1-worker", "onto-in-process"])
+# ``auto`` makes the plan of ``state`` for a graph whose every node has a state hook (tests/helpers.py's
+# HOOKED_STRATEGIES), so the first two graphs are restored with ``state``; the third needs a replay, where
+# ``auto`` differs.
 @pytest.mark.parametrize(("factory", "strategies"), [
-    (issue_case, ("state", "auto", "fast_forward")),
-    (shuffle_below_the_sharding_point, ("state", "auto")),
-    (hookless_between_the_sharding_point_and_the_cycle, ("auto", "fast_forward")),
+    (issue_case, ("state", "fast_forward")),  # a shuffle above the sharding point, cycled below it
+    (shuffle_below_the_sharding_point, ("state",)),  # a shuffle inside each logical shard, cycled
+    (hookless_between_the_sharding_point_and_the_cycle, ("auto", "fast_forward")),  # a replay of its pass
 ], ids=lambda v: getattr(v, "__name__", None) or "-".join(v))
-def test_a_cycle_below_the_sharding_point_with_workers_restores_exactly(factory: Any, strategies: Any,
-                                                                      restore_onto: int) -> None:
+def test_a_cycle_below_the_sharding_point_with_workers_restores_exactly(factory: Any, strategies: Any) -> None:
+    """Every cut of ``_below_cuts`` (in each pass, at both pass boundaries, at the epoch's end, in the next
+    epoch), saved once with 2 workers and restored onto every target."""
     (epoch,), _ = _stream(factory, service=workers(2), epochs=1)
-    onto = functools.partial(workers, restore_onto) if restore_onto else functools.partial(in_process, 2)
-    assert_resumes_exactly(factory, seed=SEED, reading_service=functools.partial(workers, 2), restore_service=onto,
-                           cuts=_below_cuts(len(epoch)), strategies=strategies, via_file=False)
+    assert_resumes_exactly_onto(factory, functools.partial(workers, 2), TARGETS, seed=SEED,
+                                cuts=_below_cuts(len(epoch)), strategies=dict.fromkeys(TARGETS, strategies))
 
 
 def test_a_cycle_that_reads_a_dispatched_part_again_is_refused() -> None:

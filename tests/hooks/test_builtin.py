@@ -31,11 +31,12 @@ from snapshot.hooks import ResumableIterator, hook_for, registered_types
 from snapshot.hooks._registry import hook_for_class
 from snapshot.testing import assert_hook_roundtrip, assert_resumes_exactly, first_difference
 from tests import graphs
+from tests.helpers import HOOKED_STRATEGIES
 from tests.hook_cases import CASES, TORCH, TORCHDATA, bind, files_graph, key_mod4, route3
 from tests.hook_cases import td as TORCHDATA_ITER
 from tests.native import hooked_epochs, native_epochs
 
-STRATEGIES = ("state", "auto", "fast_forward")
+STRATEGIES = HOOKED_STRATEGIES  # auto: the same plan as state for these (tests/helpers.py)
 
 
 def _overflowing_fork():

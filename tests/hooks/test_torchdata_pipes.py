@@ -12,10 +12,11 @@ from torch.utils.data.datapipes.iter import IterableWrapper  # noqa: E402
 
 from snapshot.testing import assert_resumes_exactly  # noqa: E402
 from tests import graphs  # noqa: E402
+from tests.helpers import HOOKED_STRATEGIES  # noqa: E402
 from tests.hook_cases import cached, read_lines  # noqa: E402
 from tests.native import hooked_epochs, native_epochs  # noqa: E402
 
-STRATEGIES = ("state", "auto", "fast_forward")
+STRATEGIES = HOOKED_STRATEGIES  # auto: the same plan as state for these (tests/helpers.py)
 
 
 def test_in_memory_cache_serves_later_epochs_from_its_cache() -> None:

@@ -12,8 +12,9 @@ from snapshot.hooks import ResumableIterator, Stateless, hook_for, register_stat
 from snapshot.plan import RestoreStrategy, make_plan
 from snapshot.testing import assert_resumes_exactly
 from tests import graphs
+from tests.helpers import HOOKED_STRATEGIES
 
-STRATEGIES = ("state", "auto", "fast_forward")
+STRATEGIES = HOOKED_STRATEGIES  # auto: the same plan as state for these (tests/helpers.py)
 
 
 def test_stateful_protocol_pipe_is_restored_from_its_state() -> None:

@@ -8,14 +8,11 @@ restored in a fresh Python process whose stream is compared with an uninterrupte
 from __future__ import annotations
 
 import functools
-import json
 import multiprocessing
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +22,7 @@ from torch.utils.data.datapipes.iter import IterableWrapper
 
 import snapshot
 from snapshot import InProcessReadingService, MultiProcessingReadingService
+from tests.zygote import Zygote
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = 3
@@ -67,38 +65,39 @@ def loader_at_cut(service: str) -> tuple[snapshot.DataLoader2, Any, list[list[in
     return loader, it, plain([next(it) for _ in range(CUT)])
 
 
-_RESTORE = textwrap.dedent("""
-    import json, sys
-    import torch
-    import snapshot
-    src = sys.argv[1]
+def _rest(src: str) -> list[list[int]]:
+    """The rest of the epoch, restored from the file ``src`` alone (in a fresh process)."""
     if src.endswith(".pt"):
         loader = snapshot.DataLoader2.from_state(torch.load(src, weights_only=True))
     else:
         loader = snapshot.DataLoader2.from_snapshot(src)
     with loader:
-        print(json.dumps([[int(x) for x in batch] for batch in loader]))
-""")
+        return [[int(x) for x in batch] for batch in loader]
 
 
-def rest_in_fresh_process(src: Path) -> list[list[int]]:
-    """The rest of the epoch, restored from ``src`` by a new Python process."""
-    proc = subprocess.run([sys.executable, "-c", _RESTORE, str(src)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+@pytest.fixture(scope="module")
+def zygote() -> Iterator[Zygote]:
+    """One interpreter that has imported torch and snapshot; each restore is a process forked from it."""
+    forks = Zygote()
+    yield forks
+    forks.close()
 
 
-def assert_rest_is_exact(service: str, first: list[list[int]], src: Path) -> None:
+@pytest.fixture
+def rest_in_fresh_process(zygote: Zygote) -> Callable[[Path], list[list[int]]]:
+    """The rest of the epoch, restored from ``src`` by a new process that never saw the saving loader."""
+    return lambda src: zygote.call(_rest, str(src))
+
+
+def assert_rest_is_exact(service: str, first: list[list[int]], rest: list[list[int]]) -> None:
     full = uninterrupted(service)
-    rest = rest_in_fresh_process(src)
     assert len(rest) == len(full) - CUT > 0
     assert first == full[:CUT]
     assert rest == full[CUT:]
 
 
 @pytest.mark.parametrize("service", sorted(SERVICES))
-def test_save_after_shutdown_restores_where_the_loader_stopped(tmp_path, service: str) -> None:
+def test_save_after_shutdown_restores_where_the_loader_stopped(tmp_path, service: str, rest_in_fresh_process) -> None:
     loader, _, first = loader_at_cut(service)
     loader.shutdown()
     path = tmp_path / "after-shutdown.snap"
@@ -106,21 +105,21 @@ def test_save_after_shutdown_restores_where_the_loader_stopped(tmp_path, service
     manifest = snapshot.read_manifest(path)
     assert manifest["loader"]["yielded"] == CUT
     assert manifest["shards"], "the restore plan and shard positions are recorded"
-    assert_rest_is_exact(service, first, path)
+    assert_rest_is_exact(service, first, rest_in_fresh_process(path))
 
 
 @pytest.mark.parametrize("service", sorted(SERVICES))
-def test_save_after_the_with_block_restores_where_it_ended(tmp_path, service: str) -> None:
+def test_save_after_the_with_block_restores_where_it_ended(tmp_path, service: str, rest_in_fresh_process) -> None:
     with snapshot.DataLoader2(issue_graph(), reading_service=SERVICES[service]()) as loader:
         loader.seed(SEED)
         it = iter(loader)
         first = plain([next(it) for _ in range(CUT)])
     path = tmp_path / "after-with.snap"
     loader.save_snapshot(path)
-    assert_rest_is_exact(service, first, path)
+    assert_rest_is_exact(service, first, rest_in_fresh_process(path))
 
 
-def test_save_after_an_exception_in_the_users_loop(tmp_path) -> None:
+def test_save_after_an_exception_in_the_users_loop(tmp_path, rest_in_fresh_process) -> None:
     first: list[list[int]] = []
     loader = snapshot.DataLoader2(issue_graph(), reading_service=MultiProcessingReadingService(2))
     with pytest.raises(ZeroDivisionError), loader:
@@ -131,27 +130,27 @@ def test_save_after_an_exception_in_the_users_loop(tmp_path) -> None:
                 _ = 1 / 0  # the training step fails; the with block shuts the loader down
     path = tmp_path / "after-error.snap"
     loader.save_snapshot(path)
-    assert_rest_is_exact("workers_2", first, path)
+    assert_rest_is_exact("workers_2", first, rest_in_fresh_process(path))
 
 
 @pytest.mark.parametrize("service", sorted(SERVICES))
-def test_state_dict_after_shutdown_resumes_in_a_fresh_process(tmp_path, service: str) -> None:
+def test_state_dict_after_shutdown_resumes_in_a_fresh_process(tmp_path, service: str, rest_in_fresh_process) -> None:
     loader, _, first = loader_at_cut(service)
     loader.shutdown()
     path = tmp_path / "state.pt"
     torch.save(loader.state_dict(), path)
-    assert_rest_is_exact(service, first, path)
+    assert_rest_is_exact(service, first, rest_in_fresh_process(path))
 
 
-def test_a_background_save_after_shutdown_is_exact_too(tmp_path) -> None:
+def test_a_background_save_after_shutdown_is_exact_too(tmp_path, rest_in_fresh_process) -> None:
     loader, _, first = loader_at_cut("workers_2")
     loader.shutdown()
     path = tmp_path / "background.snap"
     assert loader.save_snapshot(path, blocking=False).result(timeout=60) == str(path)
-    assert_rest_is_exact("workers_2", first, path)
+    assert_rest_is_exact("workers_2", first, rest_in_fresh_process(path))
 
 
-def test_shutdown_before_the_first_epoch_saves_the_start(tmp_path) -> None:
+def test_shutdown_before_the_first_epoch_saves_the_start(tmp_path, rest_in_fresh_process) -> None:
     loader = snapshot.DataLoader2(issue_graph(), reading_service=MultiProcessingReadingService(2))
     loader.seed(SEED)
     loader.shutdown()
@@ -232,7 +231,7 @@ def test_a_worker_killed_during_iteration_makes_the_save_refuse(tmp_path) -> Non
     loader.shutdown()
 
 
-def test_a_save_before_the_failure_still_restores_exactly(tmp_path) -> None:
+def test_a_save_before_the_failure_still_restores_exactly(tmp_path, rest_in_fresh_process) -> None:
     """What the refusal tells the user to do works: the last snapshot before the failure."""
     loader, it, first = loader_at_cut("workers_2")
     path = tmp_path / "before.snap"
@@ -242,7 +241,7 @@ def test_a_save_before_the_failure_still_restores_exactly(tmp_path) -> None:
         for _ in it:
             pass
     loader.shutdown()
-    assert_rest_is_exact("workers_2", first, path)
+    assert_rest_is_exact("workers_2", first, rest_in_fresh_process(path))
 
 
 def _save_after_distributed_shutdown(rank: int, world: int, directory: str) -> str:

@@ -288,8 +288,10 @@ def test_a_snapshot_taken_while_the_ranks_share_resumes_exactly(tmp_path, policy
     assert sum(((wanted - seen) if policy == "drop" else (seen - wanted)).values()) < 3
 
 
+# 3 ranks: two of them hold a sample more than the third (41 samples); the same code evens out 2 ranks (one
+# ahead), which test_by_default_ranks_end_each_epoch_together checks on real gloo groups of 2 and 3
 @pytest.mark.slow
-@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("ranks", [3])
 def test_under_torchrun_a_collective_after_the_loop_returns(tmp_path, ranks: int) -> None:
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(f"""

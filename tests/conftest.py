@@ -6,6 +6,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -112,3 +113,14 @@ def data_dir(tmp_path: object) -> str:
     from tests.graphs import write_files
 
     return write_files(os.path.join(str(tmp_path), "data"))
+
+
+@pytest.fixture(scope="module")
+def zygote() -> Iterator[Any]:
+    """One interpreter that has imported torch and snapshot (tests/zygote.py); each call is a process forked
+    from it: a restore in a fresh process without the imports."""
+    from tests.zygote import Zygote
+
+    forks = Zygote()
+    yield forks
+    forks.close()

@@ -12,7 +12,6 @@ import functools
 import json
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -135,13 +134,6 @@ class Job:
 
     def run(self, *args: str) -> object:
         return json.loads(self.zygote.call(run_script, "job.py", list(args), str(self.root)))
-
-
-@pytest.fixture(scope="module")
-def zygote() -> Iterator[Zygote]:
-    forks = Zygote()
-    yield forks
-    forks.close()
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import multiprocessing
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,14 +73,6 @@ def _rest(src: str) -> list[list[int]]:
         loader = snapshot.DataLoader2.from_snapshot(src)
     with loader:
         return [[int(x) for x in batch] for batch in loader]
-
-
-@pytest.fixture(scope="module")
-def zygote() -> Iterator[Zygote]:
-    """One interpreter that has imported torch and snapshot; each restore is a process forked from it."""
-    forks = Zygote()
-    yield forks
-    forks.close()
 
 
 @pytest.fixture

@@ -52,26 +52,28 @@ shows only the second, as ``shards[i].exhausted`` (:attr:`ShardState.taken_all` 
 written).
 
 The package imports neither torch nor dill: the command line uses it to inspect files. Its modules:
-:mod:`~snapshot.schema._fields` (constants and the field readers), :mod:`~snapshot.schema.layout`
-(what ran), :mod:`~snapshot.schema.positions` (where each part stood),
-:mod:`~snapshot.schema.manifest` (the manifest and a directory's index) and
+:mod:`~snapshot.schema._fields` (constants, the field readers and the quick reader that reads a
+well-formed record in one pass, leaving anything else to them), :mod:`~snapshot.schema.graph` (the
+graph's description), :mod:`~snapshot.schema.layout` (what ran), :mod:`~snapshot.schema.positions` (where
+each part stood), :mod:`~snapshot.schema.payload` (the payload's record), :mod:`~snapshot.schema.manifest`
+(the manifest and a directory's index), :mod:`~snapshot.schema._metadata` (the user's metadata) and
 :mod:`~snapshot.schema._lazy` (an index's records of every shard, each read in full when used).
 """
 
 from snapshot.schema._fields import FORMAT_VERSION, check_format
 from snapshot.schema._lazy import Mapped, Records
+from snapshot.schema.graph import GraphDesc, NodeDesc
 from snapshot.schema.layout import (
     HANDOUT,
-    GraphDesc,
     Handout,
     LoaderPosition,
-    NodeDesc,
     Owner,
     Randomness,
     RankPosition,
     ServiceLayout,
 )
-from snapshot.schema.manifest import Manifest, PartRecord, PayloadRecord, PickledValue, part_name
+from snapshot.schema.manifest import Manifest, PartRecord, part_name
+from snapshot.schema.payload import PayloadRecord, PickledValue
 from snapshot.schema.positions import (
     Driver,
     NodePosition,

@@ -183,4 +183,168 @@ def check_format(version: Any, source: str) -> int:
         source=source)
 
 
-# -- the graph --------------------------------------------------------------------------------
+# -- the quick reader ------------------------------------------------------------------------
+# A restore reads ~160 fields: through _Fields each costs a path string, a reader call and a frozen
+# dataclass's setattr. The quick reader checks the same fields in one loop, keeps no path, and builds
+# the record in one step; on anything it does not accept at once (a wrong or unusual value, an int
+# subclass, a failed cross-check) it raises Doubt, and the record's precise reader (the ``_Fields``
+# code, the only one that judges) reads the value again and names what is wrong. So it may refuse
+# more than the precise reader, never accept more (tests/schema/test_quick.py holds them to it).
+
+class Doubt(Exception):
+    """The quick reader leaves this value to the precise one."""
+
+
+#: A field's kinds the quick reader checks inline (any other kind is a function: value -> value, or Doubt).
+COUNT, STR, BOOL, ANY = "count", "str", "bool", "any"
+#: A field with no default: missing or null is Doubt.
+REQUIRED: Any = object()
+_new = object.__new__
+
+
+class Quick:
+    """Reads one record type: ``fields`` are ``(attribute, key, kind, default)`` in the order of the
+    dataclass's fields (a default that is a type is called for a fresh value); ``extra`` keeps the keys
+    it does not know, as ``_Fields.extra`` does."""
+
+    __slots__ = ("cls", "fields", "known")
+
+    def __init__(self, cls: type, fields: tuple[tuple[Any, ...], ...], *, extra: bool = False):
+        self.cls = cls
+        #: ``(attribute, kind, default)`` is short for a field whose key is its attribute's name
+        self.fields = tuple(field if len(field) == 4 else (field[0], *field) for field in fields)
+        self.known = frozenset(key for _, key, _, _ in self.fields) if extra else None
+
+    def values(self, value: Any) -> dict[str, Any]:
+        """The checked fields of ``value`` by attribute, or Doubt."""
+        if type(value) is not dict:
+            raise Doubt
+        out = {}
+        for name, key, kind, default in self.fields:
+            item = value.get(key)
+            if item is None:
+                if default is REQUIRED:
+                    raise Doubt
+                out[name] = default() if type(default) is type else default
+                continue
+            if kind is COUNT:
+                if type(item) is not int or not 0 <= item <= MAX_COUNT:
+                    raise Doubt
+            elif kind is STR:
+                if type(item) is not str:
+                    raise Doubt
+            elif kind is BOOL:
+                if type(item) is not bool:
+                    raise Doubt
+            elif kind is not ANY:
+                item = kind(item)
+            out[name] = item
+        if self.known is not None:
+            known = self.known
+            out["extra"] = {} if value.keys() <= known else {k: v for k, v in value.items() if k not in known}
+        return out
+
+    def __call__(self, value: Any) -> Any:
+        """The record of ``value``, or Doubt."""
+        return build(self.cls, self.values(value))
+
+
+def build(cls: type[T], values: dict[str, Any]) -> T:
+    """A record from its checked fields, as its ``__init__`` would make it (the dataclasses here have no
+    ``__post_init__``; equality, hashing and ``repr`` read the same fields)."""
+    record = _new(cls)
+    record.__dict__.update(values)
+    return record
+
+
+def quick_int(minimum: int, maximum: int = MAX_COUNT) -> Callable[[Any], int]:
+    def read(value: Any) -> int:
+        if type(value) is not int or not minimum <= value <= maximum:
+            raise Doubt
+        return value
+    return read
+
+
+def quick_seed(value: Any) -> int:
+    if type(value) is not int or not 0 <= value < UINT64_LIMIT:
+        raise Doubt
+    return value
+
+
+def quick_sha256(value: Any) -> str:
+    if type(value) is not str or not _SHA256.fullmatch(value):
+        raise Doubt
+    return value
+
+
+def quick_choice(choices: tuple[str, ...]) -> Callable[[Any], str]:
+    def read(value: Any) -> str:
+        if type(value) is not str or value not in choices:
+            raise Doubt
+        return value
+    return read
+
+
+def quick_texts(value: Any) -> dict[str, str]:
+    """``_texts`` when every value is a string already (a number, kept as its text, is left to it)."""
+    if type(value) is not dict:
+        raise Doubt
+    for item in value.values():
+        if type(item) is not str:
+            raise Doubt
+    return dict(value)
+
+
+def quick_counts(value: Any) -> dict[str, int]:
+    if type(value) is not dict:
+        raise Doubt
+    for item in value.values():
+        if type(item) is not int or not 0 <= item <= MAX_COUNT:
+            raise Doubt
+    return dict(value)
+
+
+def quick_copy(value: Any) -> dict[Any, Any]:
+    """``dict(_object(...))``: an object, copied."""
+    if type(value) is not dict:
+        raise Doubt
+    return dict(value)
+
+
+def quick_list(value: Any) -> list[Any]:
+    """``_list``: a list, as it is."""
+    if type(value) is not list:
+        raise Doubt
+    return value
+
+
+def quick_strs(value: Any) -> tuple[str, ...]:
+    """``_records(..., _str)``."""
+    if type(value) is not list:
+        raise Doubt
+    for item in value:
+        if type(item) is not str:
+            raise Doubt
+    return tuple(value)
+
+
+def quick_records(read: Callable[[Any], T], make: Callable[[list[T]], Any] = tuple) -> Callable[[Any], Any]:
+    """``_records(..., read)`` (``make=list``: ``_items``); ``read`` may take ``None`` (see ``_optional``)."""
+    def records(value: Any) -> Any:
+        if type(value) is not list:
+            raise Doubt
+        return make([read(item) for item in value])
+    return records
+
+
+def quick_by_path(read: Callable[[Any], T]) -> Callable[[Any], dict[Any, T]]:
+    """``_by_path(..., read)``."""
+    def by_path(value: Any) -> dict[Any, T]:
+        if type(value) is not dict:
+            raise Doubt
+        return {path: read(item) for path, item in value.items()}
+    return by_path
+
+
+def quick_optional(read: Callable[[Any], T]) -> Callable[[Any], T | None]:
+    return lambda value: None if value is None else read(value)

@@ -7,11 +7,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from snapshot.errors import ManifestError
 from snapshot.schema._fields import (
+    BOOL,
+    COUNT,
     EVEN_BATCHES,
     MAX_COUNT,
+    REQUIRED,
     SEED_SOURCES,
     SHARDED_SERVICES,
+    STR,
+    Doubt,
+    Quick,
     T,
     _bool,
     _choice,
@@ -20,91 +27,16 @@ from snapshot.schema._fields import (
     _int,
     _key,
     _object,
-    _records,
     _seed,
     _str,
     _texts,
+    build,
+    quick_choice,
+    quick_int,
+    quick_seed,
+    quick_texts,
 )
-
-
-@dataclass(frozen=True)
-class NodeDesc:
-    """One node of the saved graph: its path from the sink, its type, its arguments' reprs."""
-
-    path: str
-    type: str
-    args: dict[str, str]
-    fingerprint: str
-    inputs: tuple[str, ...]
-    #: Code fingerprint per function argument (``"3.11:<digest>"``); absent in older snapshots.
-    code: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def from_dict(cls, value: Any, where: str = "node") -> NodeDesc:
-        f = _Fields(value, where)
-        return cls(path=f.required("path", _str), type=f.required("type", _str),
-                   args=f.get("args", _texts, {}), fingerprint=f.get("fingerprint", _str, ""),
-                   inputs=f.get("inputs", lambda v, w: _records(v, w, _str), ()), code=f.get("code", _texts, {}))
-
-    def to_dict(self) -> dict[str, Any]:
-        described = {"path": self.path, "type": self.type, "args": dict(self.args),
-                     "fingerprint": self.fingerprint, "inputs": list(self.inputs)}
-        return {**described, "code": dict(self.code)} if self.code else described
-
-    @property
-    def short_type(self) -> str:
-        return self.type.rsplit(".", 1)[-1]
-
-    def signature(self, *, skip_none: bool = False, width: int = 0, limit: int = 0) -> str:
-        """``Type(arg=value, ...)``; ``skip_none`` drops ``None`` arguments, ``width`` shortens
-        each value and ``limit`` the whole text (``…`` marks a cut)."""
-        parts = []
-        for key, value in self.args.items():
-            if skip_none and value == "None":
-                continue
-            if width and len(value) > width:
-                value = value[: width - 1] + "…"
-            parts.append(f"{key}={value}")
-        text = f"{self.short_type}({', '.join(parts)})"
-        if limit and len(text) > limit:
-            text = text[: limit - 2] + "…)"
-        return text
-
-
-@dataclass(frozen=True)
-class GraphDesc:
-    """The saved graph as a tree of node paths (nothing unpickled)."""
-
-    fingerprint: str
-    included: bool
-    nodes: tuple[NodeDesc, ...]
-    #: The saving loader's policy for changed functions (``plan.CodeChanges``); absent when "refuse".
-    code_changes: str = "refuse"
-
-    @classmethod
-    def from_dict(cls, value: Any, where: str = "graph") -> GraphDesc:
-        f = _Fields(value, where)
-        nodes = f.required("nodes", lambda v, w: _records(v, w, NodeDesc.from_dict))
-        seen: set[str] = set()
-        for i, node in enumerate(nodes):
-            if node.path in seen:
-                raise _fail(f"{where}.nodes[{i}].path", "a path no other node has", node.path)
-            seen.add(node.path)
-        for i, node in enumerate(nodes):
-            for j, path in enumerate(node.inputs):
-                if path not in seen:
-                    raise _fail(f"{where}.nodes[{i}].inputs[{j}]", "the path of a node of the graph", path)
-        return cls(fingerprint=f.get("fingerprint", _str, ""), included=f.get("included", _bool, False),
-                   nodes=nodes, code_changes=f.get("code_changes", _str, "refuse"))
-
-    def to_dict(self) -> dict[str, Any]:
-        described = {"fingerprint": self.fingerprint, "included": self.included,
-                     "nodes": [node.to_dict() for node in self.nodes]}
-        return described if self.code_changes == "refuse" else {**described, "code_changes": self.code_changes}
-
-    def paths(self) -> set[str]:
-        return {node.path for node in self.nodes}
-
+from snapshot.schema.graph import GraphDesc, NodeDesc, quick_graph  # noqa: F401 (their home before)
 
 # -- positions --------------------------------------------------------------------------------
 
@@ -119,6 +51,10 @@ class LoaderPosition:
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "loader") -> LoaderPosition:
+        try:
+            return quick_loader(value)
+        except Doubt:
+            pass
         f = _Fields(value, where)
         return cls(epoch=f.required("epoch", lambda v, w: _int(v, w, minimum=-1)),
                    yielded=f.required("yielded", _int),
@@ -128,6 +64,10 @@ class LoaderPosition:
     def to_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "yielded": self.yielded, "epoch_finished": self.epoch_finished,
                 "lookahead": self.lookahead}
+
+
+quick_loader = Quick(LoaderPosition, (("epoch", quick_int(-1), REQUIRED), ("yielded", COUNT, REQUIRED),
+                                 ("epoch_finished", BOOL, REQUIRED), ("lookahead", COUNT, 0)))
 
 
 @dataclass(frozen=True)
@@ -144,12 +84,19 @@ class Handout:
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "handout") -> Handout:
+        try:
+            return _HANDOUT(value)
+        except Doubt:
+            pass
         f = _Fields(value, where)
         return cls(first=f.get("first", _int, 0), spare=f.get("spare", _int, 0),
                    sharing=f.get("sharing", _bool, False), ended=f.get("ended", _bool, False))
 
     def to_dict(self) -> dict[str, Any]:
         return {"first": self.first, "spare": self.spare, "sharing": self.sharing, "ended": self.ended}
+
+
+_HANDOUT = Quick(Handout, (("first", COUNT, 0), ("spare", COUNT, 0), ("sharing", BOOL, False), ("ended", BOOL, False)))
 
 
 #: The layout key of a rank's :class:`Handout` (in a part's ``service``; the index moves it to ``ranks``).
@@ -188,6 +135,10 @@ class Randomness:
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "randomness") -> Randomness:
+        try:
+            return quick_randomness(value)
+        except Doubt:
+            pass
         f = _Fields(value, where)
         randomness = cls(seed=f.get("seed", _seed, None),
                          seed_source=f.get("seed_source", lambda v, w: _choice(v, w, SEED_SOURCES), None),
@@ -201,6 +152,17 @@ class Randomness:
 
     def to_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "seed_source": self.seed_source, "node_seeds": dict(self.node_seeds)}
+
+
+_RANDOMNESS = Quick(Randomness, (("seed", quick_seed, None), ("seed_source", quick_choice(SEED_SOURCES), None),
+                                 ("node_seeds", quick_texts, dict)))
+
+
+def quick_randomness(value: Any) -> Randomness:
+    values = _RANDOMNESS.values(value)
+    if (values["seed"] is None) != (values["seed_source"] is None):
+        raise Doubt
+    return build(Randomness, values)
 
 
 @dataclass(frozen=True)
@@ -261,6 +223,10 @@ class ServiceLayout:
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "service") -> ServiceLayout:
+        try:
+            return quick_layout(value)
+        except Doubt:
+            pass
         f = _Fields(value, where)
         layout = cls(name=f.required("name", _str),
                      logical_shards=f.get("logical_shards", lambda v, w: _int(v, w, minimum=1), None),
@@ -319,3 +285,35 @@ class ServiceLayout:
     def layout(self) -> dict[str, Any]:
         """Every field but the name, as written."""
         return {key: value for key, value in self.to_dict().items() if key != "name"}
+
+
+def _quick_owners(value: Any) -> dict[str, Owner]:
+    """``_owners`` of an object whose keys are shard numbers and whose owners are plain."""
+    if type(value) is not dict:
+        raise Doubt
+    out = {}
+    for key, item in value.items():
+        if type(key) is not str or not key.isdigit():
+            raise Doubt
+        if type(item) is int and 0 <= item <= MAX_COUNT:
+            out[key] = build(Owner, {"worker": item, "rank": None})
+        elif type(item) is dict and _count(item.get("worker")) and _count(item.get("rank")):
+            out[key] = build(Owner, {"worker": item["worker"], "rank": item["rank"]})
+        else:
+            raise Doubt
+    return out
+
+
+_LAYOUT = Quick(ServiceLayout, (("name", STR, REQUIRED), ("logical_shards", quick_int(1), None),
+                                ("units", quick_int(1), None), ("workers", COUNT, None), ("ranks", quick_int(1), None),
+                                ("rank", COUNT, None), ("owners", _quick_owners, dict)), extra=True)
+
+
+def quick_layout(value: Any) -> ServiceLayout:
+    """The quick reader of :class:`ServiceLayout` (Doubt: read it with ``from_dict``)."""
+    layout = _LAYOUT(value)
+    try:
+        layout._check("", value.get("owners"))
+    except ManifestError:
+        raise Doubt from None
+    return layout

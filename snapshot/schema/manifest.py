@@ -3,8 +3,6 @@ the parts of a distributed snapshot, and :class:`Manifest` itself."""
 
 from __future__ import annotations
 
-import json
-import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -13,101 +11,51 @@ from typing import Any
 from snapshot.errors import ManifestError
 from snapshot.schema._fields import (
     FORMAT_VERSION,
+    REQUIRED,
     SHARDED_SERVICES,
-    _choice,
-    _counts,
+    STR,
+    Doubt,
+    Quick,
     _fail,
     _Fields,
     _int,
-    _object,
     _records,
     _sha256,
     _show,
     _str,
     _texts,
     check_format,
+    quick_copy,
+    quick_optional,
+    quick_records,
+    quick_texts,
 )
 from snapshot.schema._lazy import index_shards, index_upstream, missing, unknown_node, upstream_shards
-from snapshot.schema.layout import GraphDesc, LoaderPosition, Randomness, RankPosition, ServiceLayout
-from snapshot.schema.positions import ShardPosition, UpstreamPosition, VerifyRecord
+from snapshot.schema._metadata import METADATA_LIMIT, _metadata, check_metadata  # noqa: F401 (their home before)
+from snapshot.schema.graph import GraphDesc, quick_graph
+from snapshot.schema.layout import (
+    LoaderPosition,
+    Randomness,
+    RankPosition,
+    ServiceLayout,
+    quick_layout,
+    quick_loader,
+    quick_randomness,
+)
+
+# PAYLOAD_ENCODINGS and PickledValue: importable from here as before
+from snapshot.schema.payload import PAYLOAD_ENCODINGS, PayloadRecord, PickledValue, quick_payload  # noqa: F401
+from snapshot.schema.positions import (
+    ShardPosition,
+    UpstreamPosition,
+    VerifyRecord,
+    quick_shard,
+    quick_upstream,
+    quick_verify,
+)
 from snapshot.schema.saved import SavedState
 
 _SAVE_ID = re.compile(r"[0-9a-f]{12,32}")
-
-#: The most bytes ``save_snapshot(metadata=...)`` takes, as compact UTF-8 JSON: a step number, a run
-#: name, the model file's name; not the model (which belongs in a file of its own beside the snapshot).
-METADATA_LIMIT = 64 * 1024
-
-
-#: How a payload encodes its state: ``pickle`` (format 1: one pickle, a restore runs code from the
-#: file), ``data`` (format 2: the tagged encoding of :mod:`snapshot.container._codec_v2`, then a pickled
-#: section) or ``msgpack`` (format 3: :mod:`snapshot.container._codec`'s, then a pickled section).
-PAYLOAD_ENCODINGS = ("pickle", "data", "msgpack")
-
-
-@dataclass(frozen=True)
-class PickledValue:
-    """A value of the state that is not data (a custom class in a buffer): where it sits in the state,
-    its type, and the size of its pickle in the payload's pickled section. Restoring it needs trust."""
-
-    at: str
-    type: str
-    size: int
-
-    @classmethod
-    def from_dict(cls, value: Any, where: str = "pickled") -> PickledValue:
-        f = _Fields(value, where)
-        return cls(at=f.required("at", _str), type=f.required("type", _str), size=f.required("size", _int))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"at": self.at, "type": self.type, "size": self.size}
-
-
-@dataclass(frozen=True)
-class PayloadRecord:
-    """The payload's size and digest, the size of each part (``graph``, ``service``, ``state``), and
-    (formats 2 and 3) its two sections: ``data`` bytes of data encoding, then the ``pickled`` values' pickles."""
-
-    size: int
-    sha256: str
-    parts: dict[str, int] = field(default_factory=dict)
-    encoding: str = "pickle"
-    data: int | None = None
-    pickled: tuple[PickledValue, ...] = ()
-
-    @classmethod
-    def from_dict(cls, value: Any, where: str = "payload") -> PayloadRecord:
-        f = _Fields(value, where)
-        record = cls(size=f.required("size", _int), sha256=f.required("sha256", _sha256),
-                     parts=f.get("parts", _counts, {}),
-                     encoding=f.get("encoding", lambda v, w: _choice(v, w, PAYLOAD_ENCODINGS), "pickle"),
-                     data=f.get("data", _int, None),
-                     pickled=f.get("pickled", lambda v, w: _records(v, w, PickledValue.from_dict), ()))
-        if record.encoding != "pickle" and record.size > 0:
-            if record.data is None:
-                raise _fail(f"{where}.data", f"the size of the data section (encoding is {record.encoding!r})", None)
-            sections = record.data + sum(p.size for p in record.pickled)
-            if sections != record.size:
-                raise _fail(f"{where}.data", f"sections that add up to the payload's size {record.size}",
-                            f"{record.data} of data and {sections - record.data} pickled")
-        elif record.pickled:
-            raise _fail(f"{where}.pickled", "nothing (a format-1 payload is one pickle)", "pickled values")
-        return record
-
-    @property
-    def needs_trust(self) -> bool:
-        """Whether restoring this payload's state unpickles something from the file."""
-        return self.encoding == "pickle" and self.size > 0 or bool(self.pickled)
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"size": self.size, "sha256": self.sha256}
-        if self.parts:
-            out["parts"] = dict(self.parts)
-        if self.encoding != "pickle":
-            out["encoding"] = self.encoding
-            out["data"] = self.data
-            out["pickled"] = [p.to_dict() for p in self.pickled]
-        return out
 
 
 def part_name(rank: int) -> str:
@@ -137,48 +85,6 @@ class PartRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "file": self.file, "sha256": self.sha256, "size": self.size}
-
-
-# -- the user's metadata ----------------------------------------------------------------------
-
-def check_metadata(metadata: Any) -> dict[str, Any]:
-    """``save_snapshot(metadata=...)`` as the manifest keeps it: a dict of plain JSON data (str keys; str,
-    int, finite float, bool, ``None``, lists, tuples (kept as lists) and dicts of these), at most
-    :data:`METADATA_LIMIT` bytes as compact JSON. A ``TypeError`` names the first value that is not such
-    data, a ``ValueError`` says the size. Metadata describes its own save: a loader restored from a
-    snapshot does not carry it into its later saves."""
-    if not isinstance(metadata, dict):
-        raise TypeError(f"metadata must be a dict of plain JSON data, not a {type(metadata).__name__}")
-    plain = _plain(metadata, "metadata")
-    size = len(json.dumps(plain, separators=(",", ":"), ensure_ascii=False).encode())
-    if size > METADATA_LIMIT:
-        raise ValueError(f"metadata is {size:,} bytes as JSON, over the limit of {METADATA_LIMIT:,} bytes: keep "
-                         "small values there (a step, a run name, the model file's name), and large ones in a file "
-                         "of your own beside the snapshot")
-    return plain
-
-
-def _plain(value: Any, where: str) -> Any:
-    if value is None or isinstance(value, (str, bool, int)):
-        return value
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise TypeError(f"{where} is {value!r}, which JSON cannot hold: give a finite number or a string")
-        return value
-    if isinstance(value, (list, tuple)):
-        return [_plain(item, f"{where}[{i}]") for i, item in enumerate(value)]
-    if isinstance(value, dict):
-        for key in value:
-            if not isinstance(key, str):
-                raise TypeError(f"{where} has the key {key!r}: metadata keys are strings (JSON's)")
-        return {key: _plain(item, f"{where}[{key!r}]") for key, item in value.items()}
-    raise TypeError(f"{where} is a {type(value).__module__}.{type(value).__qualname__}: metadata holds plain JSON "
-                    "data only (str, int, float, bool, None, lists and dicts of these); convert it (a tensor's "
-                    ".item() or .tolist()), or save it in a file of your own")
-
-
-def _metadata(value: Any, where: str) -> dict[str, Any]:
-    return dict(_object(value, where))
 
 
 # -- the manifest -----------------------------------------------------------------------------
@@ -254,6 +160,10 @@ class Manifest:
     def from_dict(cls, value: Any, *, source: str = "<manifest>") -> Manifest:
         """Check ``value`` (a parsed manifest) field by field; a :class:`ManifestError` names the first
         field that is wrong, a :class:`VersionSkewError` a format this version does not read."""
+        try:
+            return _quick_manifest(value)
+        except Doubt:
+            pass
         try:
             f = _Fields(value, "")
             version = check_format(f.required("format", lambda v, w: v), source)
@@ -393,6 +303,44 @@ class Manifest:
     def is_index(self) -> bool:
         """A directory snapshot's index (its parts hold the state)."""
         return bool(self.parts)
+
+
+def _quick_format(value: Any) -> int:
+    if type(value) is not int or not 1 <= value <= FORMAT_VERSION:
+        raise Doubt
+    return value
+
+
+def _quick_none(value: Any) -> tuple[()]:
+    """``ranks`` and ``parts`` of a file's manifest (an index, which lists them, is read by ``from_dict``)."""
+    if type(value) is not list or value:
+        raise Doubt
+    return ()
+
+
+def _quick_save_id(value: Any) -> str:
+    if type(value) is not str or not _SAVE_ID.fullmatch(value):
+        raise Doubt
+    return value
+
+
+_MANIFEST = Quick(Manifest, (
+    ("loader", quick_loader, REQUIRED), ("graph", quick_graph, REQUIRED), ("service", quick_layout, REQUIRED),
+    ("format", _quick_format, REQUIRED), ("created", STR, None), ("versions", quick_texts, dict),
+    ("randomness", quick_randomness, Randomness), ("shards", quick_records(quick_optional(quick_shard)), REQUIRED),
+    ("upstream", quick_records(quick_upstream), ()), ("verify", quick_verify, None), ("payload", quick_payload, None),
+    ("ranks", _quick_none, ()), ("parts", _quick_none, ()), ("signature", STR, None), ("save", _quick_save_id, None),
+    ("metadata", quick_copy, None)), extra=True)
+
+
+def _quick_manifest(value: Any) -> Manifest:
+    manifest = _MANIFEST(value)
+    try:
+        manifest._check_shards()
+        manifest._check_ranks()
+    except ManifestError:
+        raise Doubt from None
+    return manifest
 
 
 # -- the payload's state ----------------------------------------------------------------------

@@ -8,9 +8,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from snapshot.schema._fields import (
+    BOOL,
+    COUNT,
+    MAX_COUNT,
+    REQUIRED,
     RESTORE_METHODS,
     SHARD_FINISHED,
     SHARD_PRODUCED_ALL,
+    STR,
+    Doubt,
+    Quick,
     _bool,
     _by_path,
     _choice,
@@ -20,6 +27,11 @@ from snapshot.schema._fields import (
     _records,
     _str,
     _texts,
+    quick_by_path,
+    quick_choice,
+    quick_records,
+    quick_strs,
+    quick_texts,
 )
 from snapshot.schema.layout import _shard_keys
 
@@ -40,6 +52,10 @@ class ReaderPosition:
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "reading") -> ReaderPosition:
+        try:
+            return _READER(value)
+        except Doubt:
+            pass
         f = _Fields(value, where)
         return cls(file=f.required("file", _str), member=f.get("member", _str, None),
                    offset=f.get("offset", _int, None), entry=f.get("entry", _int, None),
@@ -52,6 +68,10 @@ class ReaderPosition:
         if self.inflated:
             out["inflated"] = True
         return out
+
+
+_READER = Quick(ReaderPosition, (("file", STR, REQUIRED), ("member", STR, None), ("offset", COUNT, None),
+                                 ("entry", COUNT, None), ("inflated", BOOL, False)))
 
 
 @dataclass(frozen=True)
@@ -69,6 +89,10 @@ class NodePosition:
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "node") -> NodePosition:
+        try:
+            return _NODE(value)
+        except Doubt:
+            pass
         f = _Fields(value, where)
         return cls(yielded=f.get("yielded", _int, None), state_bytes=f.get("state_bytes", _int, None),
                    buffered=f.get("buffered", _int, 0),
@@ -86,6 +110,11 @@ class NodePosition:
         return out
 
 
+_NODE = Quick(NodePosition, (("yielded", COUNT, None), ("state_bytes", COUNT, None), ("buffered", COUNT, 0),
+                             ("restore", quick_choice(RESTORE_METHODS), None), ("buffer_state", STR, None),
+                             ("reading", _READER, None)))
+
+
 @dataclass(frozen=True)
 class Driver:
     """A node whose subgraph a restore replays, and how many samples it replays."""
@@ -95,11 +124,18 @@ class Driver:
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "driver") -> Driver:
+        try:
+            return _DRIVER(value)
+        except Doubt:
+            pass
         f = _Fields(value, where)
         return cls(path=f.required("path", _str), replay=f.get("replay", _int, 0))
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "replay": self.replay}
+
+
+_DRIVER = Quick(Driver, (("path", STR, REQUIRED), ("replay", COUNT, 0)))
 
 
 @dataclass(frozen=True)
@@ -116,6 +152,10 @@ class PlanSummary:
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "plan") -> PlanSummary:
+        try:
+            return _PLAN(value)
+        except Doubt:
+            pass
         f = _Fields(value, where)
         return cls(drivers=f.get("drivers", lambda v, w: _records(v, w, Driver.from_dict), ()),
                    reasons=f.get("reasons", _texts, {}), buffers=f.get("buffers", _texts, {}),
@@ -128,6 +168,10 @@ class PlanSummary:
         if self.rereads:
             out["rereads"] = dict(self.rereads)
         return out
+
+
+_PLAN = Quick(PlanSummary, (("drivers", quick_records(_DRIVER), ()), ("reasons", quick_texts, dict),
+                            ("buffers", quick_texts, dict), ("rereads", quick_texts, dict)))
 
 
 def _positions(value: Any, where: str) -> dict[str, NodePosition]:
@@ -151,6 +195,10 @@ class ShardPosition:
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "shard") -> ShardPosition:
+        try:
+            return quick_shard(value)
+        except Doubt:
+            pass
         f = _Fields(value, where)
         return cls(yielded=f.required("yielded", _int), produced=f.get("produced", _int, None),
                    exhausted=f.get("exhausted", _bool, False), in_flight=f.get("in_flight", _int, 0),
@@ -163,6 +211,13 @@ class ShardPosition:
                 "nodes": {path: node.to_dict() for path, node in self.nodes.items()}, **self.extra}
 
 
+_NODES = quick_by_path(_NODE)
+#: The quick reader of :class:`ShardPosition` (Doubt: read it with ``from_dict``).
+quick_shard = Quick(ShardPosition, (("yielded", COUNT, REQUIRED), ("produced", COUNT, None),
+                                    ("exhausted", BOOL, False), ("in_flight", COUNT, 0), ("plan", _PLAN, PlanSummary),
+                                    ("nodes", _NODES, dict)), extra=True)
+
+
 @dataclass(frozen=True)
 class RouterPosition:
     """Where a sharding point stands in one upstream copy, and samples queued per shard."""
@@ -173,12 +228,30 @@ class RouterPosition:
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "router") -> RouterPosition:
+        try:
+            return _ROUTER(value)
+        except Doubt:
+            pass
         f = _Fields(value, where)
         return cls(position=f.required("position", _int), ended=f.get("ended", _bool, False),
                    queued=f.get("queued", lambda v, w: _shard_keys(v, w, _int), {}))
 
     def to_dict(self) -> dict[str, Any]:
         return {"position": self.position, "ended": self.ended, "queued": dict(self.queued)}
+
+
+def _quick_queued(value: Any) -> dict[str, int]:
+    """``_shard_keys(..., _int)``."""
+    if type(value) is not dict:
+        raise Doubt
+    for key, item in value.items():
+        if type(key) is not str or not key.isdigit() or type(item) is not int or not 0 <= item <= MAX_COUNT:
+            raise Doubt
+    return dict(value)
+
+
+_ROUTER = Quick(RouterPosition, (("position", COUNT, REQUIRED), ("ended", BOOL, False),
+                                 ("queued", _quick_queued, dict)))
 
 
 @dataclass(frozen=True)
@@ -192,6 +265,10 @@ class UpstreamPosition:
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "upstream") -> UpstreamPosition:
+        try:
+            return quick_upstream(value)
+        except Doubt:
+            pass
         f = _Fields(value, where)
         return cls(shards=f.get("shards", lambda v, w: _records(v, w, _int), ()),
                    routers=f.get("routers", lambda v, w: _by_path(v, w, RouterPosition.from_dict), {}),
@@ -201,6 +278,21 @@ class UpstreamPosition:
         return {"shards": list(self.shards),
                 "routers": {path: r.to_dict() for path, r in self.routers.items()},
                 "nodes": {path: node.to_dict() for path, node in self.nodes.items()}, **self.extra}
+
+
+def _quick_shards(value: Any) -> tuple[int, ...]:
+    """``_records(..., _int)``."""
+    if type(value) is not list:
+        raise Doubt
+    for item in value:
+        if type(item) is not int or not 0 <= item <= MAX_COUNT:
+            raise Doubt
+    return tuple(value)
+
+
+#: The quick reader of :class:`UpstreamPosition` (Doubt: read it with ``from_dict``).
+quick_upstream = Quick(UpstreamPosition, (("shards", _quick_shards, ()), ("routers", quick_by_path(_ROUTER), dict),
+                                          ("nodes", _NODES, dict)), extra=True)
 
 
 # -- checks and the payload -------------------------------------------------------------------
@@ -215,6 +307,10 @@ class VerifyRecord:
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "verify") -> VerifyRecord:
+        try:
+            return quick_verify(value)
+        except Doubt:
+            pass
         f = _Fields(value, where)
         record = cls(count=f.required("count", _int),
                      fingerprints=f.required("fingerprints", lambda v, w: _records(v, w, _str)),
@@ -226,6 +322,18 @@ class VerifyRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return {"count": self.count, "fingerprints": list(self.fingerprints), "ends": self.ends}
+
+
+_VERIFY = Quick(VerifyRecord, (("count", COUNT, REQUIRED), ("fingerprints", quick_strs, REQUIRED),
+                               ("ends", BOOL, False)))
+
+
+def quick_verify(value: Any) -> VerifyRecord:
+    """The quick reader of :class:`VerifyRecord` (Doubt: read it with ``from_dict``)."""
+    record = _VERIFY(value)
+    if len(record.fingerprints) > record.count:
+        raise Doubt
+    return record
 
 
 def shard_finished(record: Mapping[str, Any]) -> bool:

@@ -159,6 +159,11 @@ def _records(value: Any, where: str, read: Callable[[Any, str], T]) -> tuple[T, 
     return tuple([read(item, f"{where}[{i}]") for i, item in enumerate(_list(value, where))])
 
 
+def _items(read: Callable[[Any, str], T]) -> Callable[[Any, str], list[T]]:
+    """A reader of a list whose items ``read`` reads."""
+    return lambda value, where: list(_records(value, where, read))
+
+
 def _by_path(value: Any, where: str, read: Callable[[Any, str], T]) -> dict[str, T]:
     return {path: read(item, f"{where}[{path!r}]") for path, item in _object(value, where).items()}
 
@@ -318,6 +323,13 @@ def quick_list(value: Any) -> list[Any]:
     return value
 
 
+def quick_list_copy(value: Any) -> list[Any]:
+    """``list(_list(...))``: a list, copied."""
+    if type(value) is not list:
+        raise Doubt
+    return list(value)
+
+
 def quick_strs(value: Any) -> tuple[str, ...]:
     """``_records(..., _str)``."""
     if type(value) is not list:
@@ -326,6 +338,18 @@ def quick_strs(value: Any) -> tuple[str, ...]:
         if type(item) is not str:
             raise Doubt
     return tuple(value)
+
+
+def quick_ints(make: Callable[[list[int]], Any] = tuple) -> Callable[[Any], Any]:
+    """``_records(..., _int)`` (``make=list``: ``_items(_int)``)."""
+    def ints(value: Any) -> Any:
+        if type(value) is not list:
+            raise Doubt
+        for item in value:
+            if type(item) is not int or not 0 <= item <= MAX_COUNT:
+                raise Doubt
+        return make(value)
+    return ints
 
 
 def quick_records(read: Callable[[Any], T], make: Callable[[list[T]], Any] = tuple) -> Callable[[Any], Any]:

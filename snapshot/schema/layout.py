@@ -85,7 +85,7 @@ class Handout:
     @classmethod
     def from_dict(cls, value: Any, where: str = "handout") -> Handout:
         try:
-            return _HANDOUT(value)
+            return quick_handout(value)
         except Doubt:
             pass
         f = _Fields(value, where)
@@ -96,7 +96,8 @@ class Handout:
         return {"first": self.first, "spare": self.spare, "sharing": self.sharing, "ended": self.ended}
 
 
-_HANDOUT = Quick(Handout, (("first", COUNT, 0), ("spare", COUNT, 0), ("sharing", BOOL, False), ("ended", BOOL, False)))
+quick_handout = Quick(Handout, (("first", COUNT, 0), ("spare", COUNT, 0), ("sharing", BOOL, False),
+                                ("ended", BOOL, False)))
 
 
 #: The layout key of a rank's :class:`Handout` (in a part's ``service``; the index moves it to ``ranks``).

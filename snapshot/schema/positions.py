@@ -29,6 +29,7 @@ from snapshot.schema._fields import (
     _texts,
     quick_by_path,
     quick_choice,
+    quick_ints,
     quick_records,
     quick_strs,
     quick_texts,
@@ -280,18 +281,8 @@ class UpstreamPosition:
                 "nodes": {path: node.to_dict() for path, node in self.nodes.items()}, **self.extra}
 
 
-def _quick_shards(value: Any) -> tuple[int, ...]:
-    """``_records(..., _int)``."""
-    if type(value) is not list:
-        raise Doubt
-    for item in value:
-        if type(item) is not int or not 0 <= item <= MAX_COUNT:
-            raise Doubt
-    return tuple(value)
-
-
 #: The quick reader of :class:`UpstreamPosition` (Doubt: read it with ``from_dict``).
-quick_upstream = Quick(UpstreamPosition, (("shards", _quick_shards, ()), ("routers", quick_by_path(_ROUTER), dict),
+quick_upstream = Quick(UpstreamPosition, (("shards", quick_ints(), ()), ("routers", quick_by_path(_ROUTER), dict),
                                           ("nodes", _NODES, dict)), extra=True)
 
 

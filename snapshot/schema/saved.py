@@ -8,20 +8,47 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from snapshot.schema._fields import (
+    ANY,
+    BOOL,
+    COUNT,
+    MAX_COUNT,
+    REQUIRED,
     SHARDED_SERVICES,
+    STR,
+    Doubt,
+    Quick,
     _bool,
     _fail,
     _Fields,
     _int,
+    _items,
     _list,
     _object,
     _optional,
     _records,
     _seed,
     _str,
+    build,
+    quick_copy,
+    quick_int,
+    quick_list,
+    quick_list_copy,
+    quick_optional,
+    quick_records,
+    quick_seed,
 )
-from snapshot.schema.layout import Handout, LoaderPosition, ServiceLayout
-from snapshot.schema.state import NodeState, SeedsState, ShardState, TailState, UpstreamState, _any, _items
+from snapshot.schema.layout import Handout, LoaderPosition, ServiceLayout, quick_handout, quick_layout
+from snapshot.schema.seeds import SeedsState, quick_seeds
+from snapshot.schema.state import (
+    NodeState,
+    ShardState,
+    TailState,
+    UpstreamState,
+    _any,
+    quick_shard_state,
+    quick_tail,
+    quick_upstream_state,
+)
 
 __all__ = ["RankServiceState", "RankState", "SavedState", "ServiceState", "map_node_states"]
 
@@ -44,6 +71,10 @@ class RankServiceState:
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "rank") -> RankServiceState:
+        try:
+            return _RANK_SERVICE(value)
+        except Doubt:
+            pass
         f = _Fields(value, where)
         return cls(rank=f.required("rank", _int), merge=f.get("merge", _any, None),
                    even_batches=f.get("even_batches", _any, None), handout=f.get("handout", Handout.from_dict, None),
@@ -55,6 +86,10 @@ class RankServiceState:
         if self.handout is not None:
             out["handout"] = self.handout.to_dict()
         return out
+
+
+_RANK_SERVICE = Quick(RankServiceState, (("rank", COUNT, REQUIRED), ("merge", ANY, None), ("even_batches", ANY, None),
+                                         ("handout", quick_handout, None), ("epoch_finished", BOOL, False)))
 
 
 def _shards(value: Any, where: str) -> list[ShardState | None]:
@@ -91,6 +126,10 @@ class ServiceState:
     def from_dict(cls, value: Any, where: str = "state.service") -> ServiceState | None:
         if isinstance(value, dict) and not value:
             return None
+        try:
+            return _quick_service(value)
+        except Doubt:
+            pass
         f = _Fields(value, where)
         state = cls(service=f.required("service", _str), layout=dict(f.required("layout", _object)),
                     shards=f.required("shards", _shards),
@@ -172,6 +211,31 @@ class ServiceState:
         return [r.even_batches for r in self.ranks] or [self.even_batches]
 
 
+_SERVICE = Quick(ServiceState, (
+    ("service", STR, REQUIRED), ("layout", quick_copy, REQUIRED),
+    ("shards", quick_records(quick_optional(quick_shard_state), list), REQUIRED),
+    ("upstream", quick_records(quick_upstream_state, list), list), ("seeds", quick_seeds, None), ("merge", ANY, None),
+    ("even_batches", ANY, None), ("tail", quick_tail, None), ("ranks", quick_records(_RANK_SERVICE, list), list)),
+    extra=True)
+
+
+def _quick_service(value: Any) -> ServiceState | None:
+    """``ServiceState.from_dict``'s quick reader, its checks and all."""
+    if type(value) is dict and not value:
+        return None
+    state = _SERVICE(value)
+    if state.service not in SHARDED_SERVICES and "logical_shards" not in state.layout:
+        return state
+    count = state.layout.get("logical_shards")
+    if type(count) is not int or not 1 <= count <= MAX_COUNT or "name" in state.layout:
+        raise Doubt
+    layout = quick_layout({"name": state.service, **state.layout})
+    state.__dict__["_layout_record"] = ((state.service, dict(state.layout)), layout)  # see layout_record
+    if len(state.shards) != (layout.units or count):
+        raise Doubt
+    return state
+
+
 def _generator(value: Any, where: str) -> dict[str, Any]:
     """The loader's seed generator (``snapshot.randomness.SeedGenerator.state()``): two Philox streams."""
     f = _Fields(value, where)
@@ -195,6 +259,30 @@ def _philox(value: Any, where: str) -> dict[str, Any]:
             "cached": f.get("cached", _words_of(2), None), "spawn_key": f.required("spawn_key", _words_of(2))}
 
 
+def _quick_words(value: Any, count: int) -> list[int]:
+    if type(value) is not list or len(value) != count:
+        raise Doubt
+    for word in value:
+        if type(word) is not int or not 0 <= word < 2**32:
+            raise Doubt
+    return list(value)
+
+
+def _quick_philox(value: Any) -> dict[str, Any]:
+    if type(value) is not dict:
+        raise Doubt
+    cached = value.get("cached")
+    return {"key": _quick_words(value.get("key"), 2), "counter": _quick_words(value.get("counter"), 4),
+            "cached": None if cached is None else _quick_words(cached, 2),
+            "spawn_key": _quick_words(value.get("spawn_key"), 2)}
+
+
+def _quick_generator(value: Any) -> dict[str, Any]:
+    if type(value) is not dict:
+        raise Doubt
+    return {"shared": _quick_philox(value.get("shared")), "shard": _quick_philox(value.get("shard"))}
+
+
 @dataclass
 class RankState:
     """One rank's loader position in a distributed snapshot joined from its parts (never written as such)."""
@@ -208,6 +296,10 @@ class RankState:
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "rank") -> RankState:
+        try:
+            return _RANK(value)
+        except Doubt:
+            pass
         f = _Fields(value, where)
         return cls(rank=f.required("rank", _int), yielded=f.get("yielded", _int, 0),
                    epoch_finished=f.get("epoch_finished", _bool, False), lookahead=list(f.get("lookahead", _list, [])))
@@ -215,6 +307,10 @@ class RankState:
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "yielded": self.yielded, "epoch_finished": self.epoch_finished,
                 "lookahead": list(self.lookahead)}
+
+
+_RANK = Quick(RankState, (("rank", COUNT, REQUIRED), ("yielded", COUNT, 0), ("epoch_finished", BOOL, False),
+                          ("lookahead", quick_list_copy, list)))
 
 
 @dataclass
@@ -236,6 +332,10 @@ class SavedState:
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "state") -> SavedState:
+        try:
+            return _quick_saved(value)
+        except Doubt:
+            pass
         f = _Fields(value, where)
         lookahead: list[Any] = f.get("lookahead", _list, [])
         position = LoaderPosition(
@@ -264,6 +364,26 @@ class SavedState:
         if self.ranks:
             out["ranks"] = [r.to_dict() for r in self.ranks]
         return out
+
+
+_SAVED = Quick(dict, (("epoch", quick_int(-1), REQUIRED), ("yielded", COUNT, REQUIRED),
+                      ("epoch_finished", BOOL, REQUIRED), ("seed", quick_seed, None), ("seed_given", BOOL, False),
+                      ("pending_seed", quick_seed, None), ("generator", _quick_generator, None),
+                      ("service", _quick_service, REQUIRED), ("lookahead", quick_list, list),
+                      ("ranks", quick_records(_RANK, list), list)))
+
+
+def _quick_saved(value: Any) -> SavedState:
+    """``SavedState.from_dict``'s quick reader, its check and all."""
+    values = _SAVED.values(value)
+    epoch, lookahead = values.pop("epoch"), values["lookahead"]
+    if epoch >= 0 and values["generator"] is None:
+        raise Doubt
+    values["position"] = build(LoaderPosition, {"epoch": epoch, "yielded": values.pop("yielded"),
+                                                "epoch_finished": values.pop("epoch_finished"),
+                                                "lookahead": len(lookahead)})
+    values["lookahead"] = tuple(lookahead)
+    return build(SavedState, values)
 
 
 def _with_states(nodes: dict[str, NodeState], convert: Callable[[str, Any], Any]) -> dict[str, NodeState]:

@@ -27,23 +27,35 @@ Two ideas that share an on-disk word: a shard's graph has produced its last samp
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from snapshot.schema._fields import (
+    ANY,
+    BOOL,
+    COUNT,
+    MAX_COUNT,
     SHARD_FINISHED,
     SHARD_PRODUCED_ALL,
-    T,
+    STR,
+    Doubt,
+    Quick,
     _bool,
     _by_path,
     _Fields,
     _int,
+    _items,
     _list,
     _object,
     _records,
-    _seed,
     _str,
+    quick_by_path,
+    quick_copy,
+    quick_ints,
+    quick_list,
+    quick_list_copy,
+    quick_records,
+    quick_strs,
 )
 
 __all__ = ["NodeState", "PlanState", "RouterState", "SeedsState", "ShardState", "TailState", "UpstreamState"]
@@ -55,11 +67,6 @@ def _any(value: Any, where: str) -> Any:
 
 def _dict(value: Any, where: str) -> dict[Any, Any]:
     return dict(_object(value, where))
-
-
-def _items(read: Callable[[Any, str], T]) -> Callable[[Any, str], list[T]]:
-    """A reader of a list whose items ``read`` reads."""
-    return lambda value, where: list(_records(value, where, read))
 
 
 def _opaque_by_path(value: Any, where: str) -> dict[str, Any]:
@@ -86,6 +93,10 @@ class NodeState:
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "node") -> NodeState:
+        try:
+            return _NODE(value)
+        except Doubt:
+            pass
         f = _Fields(value, where)
         return cls(yielded=f.get("yielded", _int, None), exhausted=f.get("exhausted", _bool, False),
                    state=f.get("state", _any, None), buffered=f.get("buffered", _int, 0),
@@ -100,6 +111,11 @@ class NodeState:
         if self.passes is not None:
             out["passes"] = self.passes
         return {**out, **self.extra}
+
+
+_NODE = Quick(NodeState, (("yielded", COUNT, None), ("exhausted", BOOL, False), ("state", ANY, None),
+                          ("buffered", COUNT, 0), ("buffer_state", STR, None), ("passes", ANY, None)), extra=True)
+_NODES = quick_by_path(_NODE)
 
 
 def _nodes(value: Any, where: str) -> dict[str, NodeState]:
@@ -130,6 +146,10 @@ class PlanState:
         """The plan; ``None`` for ``{}`` (a shard that had ended: nothing to plan)."""
         if isinstance(value, dict) and not value:
             return None
+        try:
+            return _PLAN(value)
+        except Doubt:
+            pass
         f = _Fields(value, where)
         return cls(strategy=f.get("strategy", _str, "auto"),
                    drivers=f.get("drivers", lambda v, w: _records(v, w, _driver), ()),
@@ -148,6 +168,25 @@ class PlanState:
 def _driver(value: Any, where: str) -> tuple[str, int]:
     f = _Fields(value, where)
     return f.required("path", _str), f.get("replay", _int, 0)
+
+
+def _quick_driver(value: Any) -> tuple[str, int]:
+    if type(value) is not dict:
+        raise Doubt
+    path, replay = value.get("path"), value.get("replay")
+    replay = 0 if replay is None else replay
+    if type(path) is not str or type(replay) is not int or not 0 <= replay <= MAX_COUNT:
+        raise Doubt
+    return path, replay
+
+
+_PLAN = Quick(PlanState, (("strategy", STR, "auto"), ("drivers", quick_records(_quick_driver), ()),
+                          ("replayed_nodes", quick_strs, ()), ("reasons", quick_copy, dict),
+                          ("reaches_sharding_point", BOOL, False), ("rereads", quick_copy, dict)), extra=True)
+
+
+def _quick_plan(value: Any) -> PlanState | None:
+    return None if type(value) is dict and not value else _PLAN(value)
 
 
 @dataclass
@@ -181,6 +220,10 @@ class ShardState:
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "shard") -> ShardState:
+        try:
+            return quick_shard_state(value)
+        except Doubt:
+            pass
         f = _Fields(value, where)
         return cls(produced=f.get("produced", _int, None),
                    graph_exhausted=f.get(SHARD_PRODUCED_ALL, _bool, False),
@@ -215,6 +258,13 @@ class ShardState:
         return int(node.yielded or 0) if node is not None else 0
 
 
+#: The quick reader of :class:`ShardState` (Doubt: read it with ``from_dict``).
+quick_shard_state = Quick(ShardState, (
+    ("produced", COUNT, None), ("graph_exhausted", SHARD_PRODUCED_ALL, BOOL, False), ("nodes", _NODES, dict),
+    ("plan", _quick_plan, None), ("rng", ANY, None), ("persistent", quick_copy, dict), ("shard", COUNT, None),
+    ("yielded", COUNT, 0), ("in_flight", quick_list_copy, list), ("finished", SHARD_FINISHED, BOOL, None)), extra=True)
+
+
 @dataclass
 class RouterState:
     """A sharding point in one upstream copy (``reading_service._shards.routing.Router.state()``)."""
@@ -236,6 +286,10 @@ class RouterState:
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "router") -> RouterState:
+        try:
+            return _ROUTER(value)
+        except Doubt:
+            pass
         f = _Fields(value, where)
         return cls(position=f.get("position", _int, 0), kept=f.get("kept", _int, 0),
                    ended=f.get("ended", _bool, False), next=f.get("next", _dict, {}),
@@ -249,6 +303,11 @@ class RouterState:
     def next_for(self, unit: int) -> int:
         """The index of the next sample dealt to ``unit`` (keys are ints, or their text in older files)."""
         return int(self.next[unit] if unit in self.next else self.next[str(unit)])
+
+
+_ROUTER = Quick(RouterState, (("position", COUNT, 0), ("kept", COUNT, 0), ("ended", BOOL, False),
+                              ("next", quick_copy, dict), ("queues", quick_copy, dict), ("deal", quick_list, None)),
+                extra=True)
 
 
 @dataclass
@@ -269,6 +328,10 @@ class UpstreamState:
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "upstream") -> UpstreamState:
+        try:
+            return quick_upstream_state(value)
+        except Doubt:
+            pass
         f = _Fields(value, where)
         return cls(shards=f.get("shards", _items(_int), []),
                    nodes=f.get("nodes", _nodes, {}),
@@ -287,6 +350,12 @@ class UpstreamState:
         return {**out, **self.extra}
 
 
+#: The quick reader of :class:`UpstreamState` (Doubt: read it with ``from_dict``).
+quick_upstream_state = Quick(UpstreamState, (
+    ("shards", quick_ints(list), list), ("nodes", _NODES, dict), ("routers", quick_by_path(_ROUTER), dict),
+    ("persistent", quick_copy, dict), ("rng", ANY, None), ("restart", BOOL, False)), extra=True)
+
+
 @dataclass
 class TailState:
     """The part below a non-replicable pipe, run once over the merged stream (``reading_service._shards.tail``)."""
@@ -301,6 +370,10 @@ class TailState:
 
     @classmethod
     def from_dict(cls, value: Any, where: str = "tail") -> TailState:
+        try:
+            return quick_tail(value)
+        except Doubt:
+            pass
         f = _Fields(value, where)
         return cls(nodes=f.get("nodes", _nodes, {}), persistent=f.get("persistent", _opaque_by_path, {}),
                    rng=f.get("rng", _any, None), extra=f.extra())
@@ -309,27 +382,10 @@ class TailState:
         return {"nodes": _nodes_dict(self.nodes), "persistent": dict(self.persistent), "rng": self.rng, **self.extra}
 
 
-def _seeds_by_path(value: Any, where: str) -> dict[str, int]:
-    return {str(path): _seed(seed, f"{where}[{path!r}]") for path, seed in _object(value, where).items()}
+#: The quick reader of :class:`TailState` (Doubt: read it with ``from_dict``).
+quick_tail = Quick(TailState, (("nodes", _NODES, dict), ("persistent", quick_copy, dict), ("rng", ANY, None)),
+                   extra=True)
 
 
-@dataclass
-class SeedsState:
-    """An epoch's seeds (``randomness.EpochSeeds``): above the sharding point, per logical shard, and
-    the seeds of each shard's own generator states."""
-
-    VERSION: ClassVar[int] = 1
-
-    shared: dict[str, int] = field(default_factory=dict)
-    shards: list[dict[str, int]] = field(default_factory=list)
-    rng: list[int] = field(default_factory=list)
-
-    @classmethod
-    def from_dict(cls, value: Any, where: str = "seeds") -> SeedsState:
-        f = _Fields(value, where)
-        return cls(shared=f.required("shared", _seeds_by_path),
-                   shards=list(f.required("shards", lambda v, w: _records(v, w, _seeds_by_path))),
-                   rng=f.get("rng", _items(_seed), []))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"shared": dict(self.shared), "shards": [dict(s) for s in self.shards], "rng": list(self.rng)}
+# SeedsState has a module of its own; importable from here as before.
+from snapshot.schema.seeds import SeedsState  # noqa: E402

@@ -375,15 +375,14 @@ _SAVED = Quick(dict, (("epoch", quick_int(-1), REQUIRED), ("yielded", COUNT, REQ
 
 def _quick_saved(value: Any) -> SavedState:
     """``SavedState.from_dict``'s quick reader, its check and all."""
-    values = _SAVED.values(value)
-    epoch, lookahead = values.pop("epoch"), values["lookahead"]
-    if epoch >= 0 and values["generator"] is None:
+    v = _SAVED.values(value)
+    if v["epoch"] >= 0 and v["generator"] is None:
         raise Doubt
-    values["position"] = build(LoaderPosition, {"epoch": epoch, "yielded": values.pop("yielded"),
-                                                "epoch_finished": values.pop("epoch_finished"),
-                                                "lookahead": len(lookahead)})
-    values["lookahead"] = tuple(lookahead)
-    return build(SavedState, values)
+    position = build(LoaderPosition, {"epoch": v["epoch"], "yielded": v["yielded"],
+                                      "epoch_finished": v["epoch_finished"], "lookahead": len(v["lookahead"])})
+    return build(SavedState, {"position": position, "seed": v["seed"], "seed_given": v["seed_given"],
+                              "pending_seed": v["pending_seed"], "generator": v["generator"], "service": v["service"],
+                              "lookahead": tuple(v["lookahead"]), "ranks": v["ranks"]})
 
 
 def _with_states(nodes: dict[str, NodeState], convert: Callable[[str, Any], Any]) -> dict[str, NodeState]:

@@ -220,13 +220,15 @@ class Quick:
         self.fields = tuple(field if len(field) == 4 else (field[0], *field) for field in fields)
         self.known = frozenset(key for _, key, _, _ in self.fields) if extra else None
 
-    def values(self, value: Any) -> dict[str, Any]:
-        """The checked fields of ``value`` by attribute, or Doubt."""
+    def values(self, value: Any, out: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The checked fields of ``value`` by attribute (into ``out``, a new record's ``__dict__``), or Doubt."""
         if type(value) is not dict:
             raise Doubt
-        out = {}
+        if out is None:
+            out = {}
+        get = value.get
         for name, key, kind, default in self.fields:
-            item = value.get(key)
+            item = get(key)
             if item is None:
                 if default is REQUIRED:
                     raise Doubt
@@ -244,14 +246,16 @@ class Quick:
             elif kind is not ANY:
                 item = kind(item)
             out[name] = item
-        if self.known is not None:
-            known = self.known
+        known = self.known
+        if known is not None:
             out["extra"] = {} if value.keys() <= known else {k: v for k, v in value.items() if k not in known}
         return out
 
     def __call__(self, value: Any) -> Any:
         """The record of ``value``, or Doubt."""
-        return build(self.cls, self.values(value))
+        record: Any = _new(self.cls)
+        self.values(value, record.__dict__)
+        return record
 
 
 def build(cls: type[T], values: dict[str, Any]) -> T:

@@ -334,6 +334,8 @@ _MANIFEST = Quick(Manifest, (
 
 
 def _quick_manifest(value: Any) -> Manifest:
+    if type(value) is dict and (value.get("parts") or value.get("ranks")):
+        raise Doubt  # an index, whose records of every shard are read when used (see _lazy)
     manifest = _MANIFEST(value)
     try:
         manifest._check_shards()

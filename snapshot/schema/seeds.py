@@ -1,8 +1,9 @@
-"""An epoch's seeds as saved (``randomness.EpochSeeds``): above the sharding point, per logical shard,
-and the seeds of each shard's own generator states."""
+"""The randomness as saved: an epoch's seeds (``randomness.EpochSeeds``: above the sharding point, per
+logical shard, and the seeds of each shard's own generator states) and the loader's seed generator."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -11,8 +12,11 @@ from snapshot.schema._fields import (
     UINT64_LIMIT,
     Doubt,
     Quick,
+    _fail,
     _Fields,
+    _int,
     _items,
+    _list,
     _object,
     _records,
     _seed,
@@ -65,3 +69,50 @@ def _quick_seeds_by_path(value: Any) -> dict[str, int]:
 quick_seeds = Quick(SeedsState, (("shared", _quick_seeds_by_path, REQUIRED),
                                  ("shards", quick_records(_quick_seeds_by_path, list), REQUIRED),
                                  ("rng", quick_records(quick_seed, list), list)))
+
+
+def _generator(value: Any, where: str) -> dict[str, Any]:
+    """The loader's seed generator (``snapshot.randomness.SeedGenerator.state()``): two Philox streams."""
+    f = _Fields(value, where)
+    return {"shared": f.required("shared", _philox), "shard": f.required("shard", _philox)}
+
+
+def _words(value: Any, where: str, count: int) -> list[int]:
+    words = _list(value, where)
+    if len(words) != count:
+        raise _fail(where, f"{count} 32-bit words", value)
+    return [_int(word, f"{where}[{i}]", maximum=2**32 - 1) for i, word in enumerate(words)]
+
+
+def _words_of(count: int) -> Callable[[Any, str], list[int]]:
+    return lambda v, w: _words(v, w, count)
+
+
+def _philox(value: Any, where: str) -> dict[str, Any]:
+    f = _Fields(value, where)
+    return {"key": f.required("key", _words_of(2)), "counter": f.required("counter", _words_of(4)),
+            "cached": f.get("cached", _words_of(2), None), "spawn_key": f.required("spawn_key", _words_of(2))}
+
+
+def _quick_words(value: Any, count: int) -> list[int]:
+    if type(value) is not list or len(value) != count:
+        raise Doubt
+    for word in value:
+        if type(word) is not int or not 0 <= word < 2**32:
+            raise Doubt
+    return list(value)
+
+
+def _quick_philox(value: Any) -> dict[str, Any]:
+    if type(value) is not dict:
+        raise Doubt
+    cached = value.get("cached")
+    return {"key": _quick_words(value.get("key"), 2), "counter": _quick_words(value.get("counter"), 4),
+            "cached": None if cached is None else _quick_words(cached, 2),
+            "spawn_key": _quick_words(value.get("spawn_key"), 2)}
+
+
+def _quick_generator(value: Any) -> dict[str, Any]:
+    if type(value) is not dict:
+        raise Doubt
+    return {"shared": _quick_philox(value.get("shared")), "shard": _quick_philox(value.get("shard"))}

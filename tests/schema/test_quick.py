@@ -139,7 +139,7 @@ class _Precise:
     def __enter__(self) -> None:
         self._values = _fields.Quick.values
 
-        def doubt(self: Any, value: Any) -> dict[str, Any]:
+        def doubt(self: Any, value: Any, out: Any = None) -> dict[str, Any]:
             raise _fields.Doubt
         _fields.Quick.values = doubt  # type: ignore[method-assign]
 

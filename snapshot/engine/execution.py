@@ -283,6 +283,8 @@ class Run(Iterator[Any]):
     def _replay_drivers(self, plan: Plan, records: Mapping[str, NodeRecord]) -> None:
         drivers = [(path, count) for path, count in plan.drivers if path in self._cells]
         log_plan(plan, self.graph, drivers, hooked=lambda node: self._hooks.get(node) is not None)
+        if not drivers:  # every node from its state
+            return
         total = sum(count for _, count in drivers)
         with _progress.bar(total, "snapshot: replaying", minimum=REPLAY_PROGRESS, unit="sample") as progress:
             for path, count in drivers:

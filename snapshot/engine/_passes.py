@@ -87,6 +87,10 @@ class Passes:
         it is read again from the start of a pass; default: whether the plan replays it)."""
         if replayed is None:
             replayed = path in self._replay
+        if not replayed and path not in self._now:  # (most nodes: in their first pass, nothing to put back)
+            record = self._records.get(path)
+            if record is None or not record.passes:
+                return
         self._begin(path, self._first_replayed(path) if replayed else self.saved(path))
 
     def restored_port(self, path: str, consumers: Collection[str]) -> Any:

@@ -12,7 +12,7 @@ from typing import Any
 
 from torch.utils.data import IterDataPipe, MapDataPipe
 
-__all__ = ["describe_value", "type_name"]
+__all__ = ["attribute", "describe_value", "type_name"]
 
 #: Collections longer than this are fingerprinted by length and a sample of items.
 _MAX_TOKEN_ITEMS = 64
@@ -30,6 +30,25 @@ def _is_datapipe(value: Any) -> bool:
     if known is None:
         known = _DATAPIPE_TYPES[cls] = issubclass(cls, (IterDataPipe, MapDataPipe))
     return known
+
+
+#: torch's ``__getattr__`` of the DataPipe classes, with the functional names it answers (``.map``, ...).
+_TORCH_GETATTR: dict[Any, dict[str, Any]] = {IterDataPipe.__getattr__: IterDataPipe.functions,
+                                             MapDataPipe.__getattr__: MapDataPipe.functions}
+_ABSENT = object()
+
+
+def attribute(obj: Any, name: str, default: Any = None) -> Any:
+    """``getattr(obj, name, default)``, without torch's ``__getattr__`` for a name it would refuse: it
+    raises an ``AttributeError`` with a formatted message, and the graph walk, its checks and the sharding
+    analysis probe every pipe for names most pipes lack."""
+    if name in getattr(obj, "__dict__", ()):
+        return getattr(obj, name, default)
+    cls = type(obj)
+    functions = _TORCH_GETATTR.get(getattr(cls, "__getattr__", None))
+    if functions is not None and name not in functions and getattr(cls, name, _ABSENT) is _ABSENT:
+        return default
+    return getattr(obj, name, default)
 
 
 def type_name(obj_or_type: Any) -> str:

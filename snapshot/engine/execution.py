@@ -283,12 +283,12 @@ class Run(Iterator[Any]):
     def _replay_drivers(self, plan: Plan, records: Mapping[str, NodeRecord]) -> None:
         drivers = [(path, count) for path, count in plan.drivers if path in self._cells]
         log_plan(plan, self.graph, drivers, hooked=lambda node: self._hooks.get(node) is not None)
-        total = sum(count for _, count in drivers)
-        with _progress.bar(total, "snapshot: replaying", minimum=REPLAY_PROGRESS, unit="sample") as progress:
-            for path, count in drivers:
-                record = records.get(path)
-                self._replay_driver(path, count, record is not None and record.exhausted,
-                                    progress if progress.shown else None)
+        if drivers:  # (else every node from its state: no progress bar to set up)
+            with _progress.bar(sum(n for _, n in drivers), "snapshot: replaying", minimum=REPLAY_PROGRESS,
+                               unit="sample") as progress:
+                for path, count in drivers:
+                    exhausted = getattr(records.get(path), "exhausted", False)
+                    self._replay_driver(path, count, exhausted, progress if progress.shown else None)
 
     def _check_replay(self, plan: Plan, records: Mapping[str, NodeRecord]) -> None:
         """Refuse a replay that did not end where the snapshot says: every replayed node must

@@ -30,7 +30,6 @@ This module knows nothing of snapshots, files or reading services.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import inspect
 from collections import Counter
@@ -50,7 +49,7 @@ from snapshot.engine._graph_utils import (
     set_graph_random_seed,
     traverse_dps,
 )
-from snapshot.engine._tokens import _MAX_TOKEN_ITEMS, _is_datapipe, _token, describe_value, type_name
+from snapshot.engine._tokens import _MAX_TOKEN_ITEMS, _is_datapipe, _token, attribute, describe_value, type_name
 
 __all__ = ["ROOT", "DataPipe", "DataPipeGraph", "Graph", "Node", "NodeDiff", "compare_nodes", "describe_value",
            "find_dps", "list_dps", "remove_dp", "replace_dp", "set_datapipes_seed", "set_graph_random_seed",
@@ -92,7 +91,7 @@ def _structural_args(datapipe: Any) -> dict[str, str]:
     """Constructor arguments that are not DataPipes, as tokens, in signature order."""
     args: dict[str, str] = {}
     for name in _init_parameters(type(datapipe)):
-        value = getattr(datapipe, name, _MISSING)
+        value = attribute(datapipe, name, _MISSING)
         if value is _MISSING or _is_datapipe(value):
             continue
         if isinstance(value, (list, tuple)) and value and all(_is_datapipe(v) for v in value):
@@ -132,11 +131,11 @@ def _code_args(datapipe: Any) -> dict[str, str]:
     dict argument as ``name[i]``)."""
     code: dict[str, str] = {}
     for name in _init_parameters(type(datapipe)):
-        value = getattr(datapipe, name, None)
+        value = attribute(datapipe, name)
         items = (enumerate(value) if isinstance(value, (list, tuple)) and len(value) <= _MAX_TOKEN_ITEMS else
                  value.items() if isinstance(value, dict) and len(value) <= _MAX_TOKEN_ITEMS else None)
         for key, item in [(None, value)] if items is None else items:
-            if _is_datapipe(item):
+            if not callable(item) or _is_datapipe(item):  # only a callable runs code (most arguments are not)
                 continue
             fingerprint = code_fingerprint(item)
             if fingerprint is not None:
@@ -154,17 +153,25 @@ class Node:
     args: dict[str, str]
     inputs: list[str] = field(default_factory=list)
     consumers: list[str] = field(default_factory=list)
+    # computed once, when first asked (a plain attribute: ``functools.cached_property`` takes a lock per
+    # read before Python 3.12, which a restore's graph check paid on every node)
+    _fingerprint: str | None = field(default=None, init=False, repr=False, compare=False)
+    _code: dict[str, str] | None = field(default=None, init=False, repr=False, compare=False)
 
-    @functools.cached_property
+    @property
     def fingerprint(self) -> str:
         """A digest of the type and the arguments (both fixed once the node is found: computed once)."""
-        text = self.type + "(" + ", ".join(f"{k}={v}" for k, v in self.args.items()) + ")"
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        if self._fingerprint is None:
+            text = self.type + "(" + ", ".join(f"{k}={v}" for k, v in self.args.items()) + ")"
+            self._fingerprint = hashlib.sha256(text.encode()).hexdigest()[:16]
+        return self._fingerprint
 
-    @functools.cached_property
+    @property
     def code(self) -> dict[str, str]:
-        """The code fingerprint of each function argument (see :func:`code_fingerprint`)."""
-        return _code_args(self.datapipe)
+        """The code fingerprint of each function argument (see :func:`code_fingerprint`); computed once."""
+        if self._code is None:
+            self._code = _code_args(self.datapipe)
+        return self._code
 
     @property
     def signature(self) -> str:

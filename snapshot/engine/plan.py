@@ -281,21 +281,38 @@ def _check_strategy(graph: Graph, nodes: set[str], strategy: RestoreStrategy) ->
     return reasons
 
 
-def make_plan(graph: Graph, counts: Mapping[str, int | None], strategy: RestoreStrategy,
-              sinks: list[str] | None = None, ports: frozenset[str] = frozenset()) -> Plan:
-    """The restore plan for the part of ``graph`` behind ``sinks`` at the saved ``counts``.
+@dataclass(frozen=True)
+class PlanLayout:
+    """What a plan of one part of a graph is whatever the counts: the replayed nodes and their drivers, and
+    what each node restored from its state would read again. :meth:`at` makes the plan at given counts."""
 
-    ``ports`` are nodes fed from outside the part (a logical shard's input): they are put
-    back by their owner, never replayed.
-    """
+    strategy: RestoreStrategy
+    sinks: tuple[str, ...]
+    replay: frozenset[str]
+    drivers: tuple[str, ...]
+    reasons: Mapping[str, str]
+    reaches_ports: bool
+    #: Of the nodes restored from their state (when they have a count), those that read something again.
+    rereads: Mapping[str, str] = field(default_factory=dict)
+
+    def at(self, counts: Mapping[str, int | None]) -> Plan:
+        """The plan at the saved ``counts``."""
+        return Plan(self.strategy, self.replay, tuple((d, int(counts.get(d) or 0)) for d in self.drivers),
+                    self.reasons, self.reaches_ports, {p: w for p, w in self.rereads.items() if counts.get(p)})
+
+
+def plan_layout(graph: Graph, strategy: RestoreStrategy, sinks: list[str] | None = None,
+                ports: frozenset[str] = frozenset()) -> PlanLayout:
+    """The layout of every plan of the part of ``graph`` behind ``sinks`` (see :func:`make_plan`); refuses
+    what cannot be restored as :func:`check_strategy` does."""
     from snapshot.engine.graph import ROOT
 
     sinks = sinks or [ROOT]
     part = _Part(graph, sinks, ports)
     reasons = _check_strategy(graph, part.nodes - ports, strategy)
     if strategy is RestoreStrategy.FAST_FORWARD:
-        return Plan(strategy, frozenset(part.nodes - ports),
-                    tuple((s, int(counts.get(s) or 0)) for s in sinks), reasons, bool(part.nodes & ports))
+        return PlanLayout(strategy, tuple(sinks), frozenset(part.nodes - ports), tuple(sinks), reasons,
+                          bool(part.nodes & ports))
     chosen: dict[str, set[str]] = {}
     for path in reasons:
         driver, closure = part.smallest_closed(path)
@@ -305,9 +322,18 @@ def make_plan(graph: Graph, counts: Mapping[str, int | None], strategy: RestoreS
     for d in drivers:
         replay |= chosen[d]
     drivers.sort(key=part.order.__getitem__)
-    restored = {p for p in part.nodes - ports - replay if counts.get(p)}
-    return Plan(strategy, frozenset(replay - ports), tuple((d, int(counts.get(d) or 0)) for d in drivers),
-                reasons, bool(replay & ports), rereads(graph, restored))
+    return PlanLayout(strategy, tuple(sinks), frozenset(replay - ports), tuple(drivers), reasons,
+                      bool(replay & ports), rereads(graph, part.nodes - ports - replay))
+
+
+def make_plan(graph: Graph, counts: Mapping[str, int | None], strategy: RestoreStrategy,
+              sinks: list[str] | None = None, ports: frozenset[str] = frozenset()) -> Plan:
+    """The restore plan for the part of ``graph`` behind ``sinks`` at the saved ``counts``.
+
+    ``ports`` are nodes fed from outside the part (a logical shard's input): they are put
+    back by their owner, never replayed.
+    """
+    return plan_layout(graph, strategy, sinks, ports).at(counts)
 
 
 def log_plan(plan: Plan, graph: Graph, drivers: list[tuple[str, int]], *, hooked: Callable[[str], bool]) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES, ShardingFilterIterDataPipe
 
+from snapshot.engine._tokens import attribute
 from snapshot.engine.graph import ROOT, Graph
 from snapshot.errors import ShardingError
 
@@ -51,7 +52,7 @@ class WorkerInfo:
 
 def is_sharding_point(datapipe: Any) -> bool:
     """``sharding_filter`` or any pipe with a bound ``apply_sharding`` method."""
-    return inspect.ismethod(getattr(datapipe, "apply_sharding", None))
+    return inspect.ismethod(attribute(datapipe, "apply_sharding"))
 
 
 def is_dispatcher(datapipe: Any) -> bool:
@@ -61,7 +62,7 @@ def is_dispatcher(datapipe: Any) -> bool:
 
 
 def _is_non_replicable(datapipe: Any) -> bool:
-    method = getattr(datapipe, "is_replicable", None)
+    method = attribute(datapipe, "is_replicable")
     return callable(method) and method() is False
 
 

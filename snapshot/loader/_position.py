@@ -7,6 +7,7 @@ The saved form is :class:`snapshot.schema.SavedState` (its ``position`` a
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import warnings
 from collections import deque
@@ -44,7 +45,9 @@ class LivePosition:
 
     def copy(self) -> LivePosition:
         """A copy to roll back to (the lookahead copied, the rest shared)."""
-        return dataclasses.replace(self, lookahead=deque(self.lookahead))
+        before = copy.copy(self)  # (not dataclasses.replace: it goes through __init__, four times slower)
+        before.lookahead = deque(self.lookahead)
+        return before
 
     def roll_back(self, before: LivePosition) -> None:
         """Stand where ``before`` (a :meth:`copy`) stood; an epoch's run that was replaced since is

@@ -101,3 +101,46 @@ def test_ancestors() -> None:
     graph = Graph(graphs.linear())
     assert graph.ancestors("0/datapipe/datapipe") == [
         "0/datapipe/datapipe", "0/datapipe/datapipe/datapipe", "0/datapipe/datapipe/datapipe/datapipe"]
+
+
+class _Forwarding(IterableWrapper):
+    """A pipe whose own ``__getattr__`` answers names its class lacks (forwards them to an inner object)."""
+
+    def __init__(self, inner: object) -> None:
+        super().__init__(range(3))
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
+class _Sharded:
+    def apply_sharding(self, count: int, shard: int) -> None:
+        pass
+
+
+class _Described(IterableWrapper):
+    @property
+    def label(self) -> str:
+        return "from the class"
+
+
+def test_attribute_answers_as_getattr_does() -> None:
+    """The graph's probes skip torch's refusing ``__getattr__``, and nothing else: instance and class
+    attributes, descriptors, torch's functional names and a pipe's own ``__getattr__`` read as getattr."""
+    from snapshot.engine._tokens import attribute
+    from snapshot.engine.sharding import is_sharding_point
+
+    plain, described, forwarding = IterableWrapper(range(3)), _Described(range(3)), _Forwarding(_Sharded())
+    missing = object()
+    cases = [(plain, "iterable"), (plain, "deepcopy"), (plain, "no_such_name"), (plain, "map"),
+             (plain, "_fast_forward_iterator"), (described, "label"), (forwarding, "apply_sharding"),
+             (forwarding, "no_such_name"), (Mapper(plain, abs), "fn"), (Mapper(plain, abs), "unbatch_level")]
+    for obj, name in cases:
+        expected, got = getattr(obj, name, missing), attribute(obj, name, missing)
+        assert type(got) is type(expected) and (got is missing) == (expected is missing), (obj, name)
+        if not callable(expected):
+            assert got == expected, (obj, name)
+    assert is_sharding_point(forwarding) and not is_sharding_point(plain)

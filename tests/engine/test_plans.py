@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter import Batcher, Forker, IterableWrapper, Shuffler, Zipper
@@ -192,3 +194,39 @@ def test_the_manifest_and_inspect_say_what_a_restore_reads_again(tmp_path, capsy
             assert f"{reader} is restored from its state, and re-inflates its current file" in shown
         else:
             assert recorded == {} and "re-inflates" not in shown
+
+
+def test_each_save_of_an_epoch_plans_at_its_own_counts(tmp_path) -> None:
+    """The saves of one epoch plan from the epoch's one layout, at each save's counts: a reader that had not
+    started at the first save reads nothing again then, and re-inflates its current file at the next one;
+    each recorded plan is the plan made afresh at that moment, and a restore onto a loader restored
+    from the first save plans its own later saves the same way."""
+    pytest.importorskip("torchdata.datapipes.iter")
+    from tests import file_corpus
+
+    root = str(tmp_path)
+
+    def recorded(loader: snapshot.DataLoader2) -> Any:
+        """The plan a save records now, and the plan made afresh at the same counts."""
+        engine = loader.reading_service._executor.engine
+        saved = engine.capture().shards[0].plan
+        return saved, make_plan(engine._shard_graphs[0], engine._runs[0].counts(), RestoreStrategy.AUTO).record()
+
+    dl = snapshot.DataLoader2(file_corpus.gzip_lines(root))
+    dl.seed(3)
+    it = iter(dl)
+    first, expected = recorded(dl)
+    assert first == expected and first.rereads == {}
+    for _ in range(7):
+        next(it)
+    later, expected = recorded(dl)
+    assert later == expected and len(later.rereads) == 1
+    snap = dl.save_snapshot()
+    dl.shutdown()
+    again = snapshot.DataLoader2(file_corpus.gzip_lines(root))
+    again.restore_snapshot(snap)
+    it = iter(again)
+    next(it)
+    restored, expected = recorded(again)
+    assert restored == expected and len(restored.rereads) == 1
+    again.shutdown()

@@ -54,7 +54,7 @@ class ShufflerIterator(ResumableIterator):
         self._enabled = datapipe._enabled
         self._buffer: list[Any] = []
         self._draining = False
-        self._rng = random.Random()
+        self._rng = random.Random(0)  # seeded below, or its state set by a restore (no draw from the OS)
         #: Keys (input positions or addresses) parallel to ``_buffer`` (``None``: saved by value).
         self._positions: list[Any] | None = None
         self._reproducer: Any = _UNDECIDED

@@ -20,7 +20,7 @@ from typing import Any
 
 from snapshot.engine.execution import Run, capture_persistent, restore_persistent, rewind
 from snapshot.engine.graph import Graph
-from snapshot.engine.plan import RestoreStrategy, make_plan
+from snapshot.engine.plan import PlanLayout, RestoreStrategy, make_plan, plan_layout
 from snapshot.engine.randomness import EpochSeeds
 from snapshot.engine.sharding import Topology, WorkerInfo
 from snapshot.reading_service._rng import GlobalRNG, _ShardRNG, raw_from_plain, seeded_rng
@@ -28,7 +28,7 @@ from snapshot.reading_service._shards.reread import reread
 from snapshot.reading_service._shards.routing import RemoteFetch, RemoteRouter, Router, RouterPort, _outer
 from snapshot.schema.state import NodeState, RouterState, ShardState, UpstreamState
 
-__all__ = ["EngineState", "ShardEngine", "counts", "restore_plans", "start_upstream"]
+__all__ = ["EngineState", "ShardEngine", "counts", "restore_plans", "shard_layout", "start_upstream"]
 
 
 @dataclass
@@ -46,15 +46,24 @@ def counts(nodes: Mapping[str, NodeState]) -> dict[str, int | None]:
 
 
 def restore_plans(graphs: Mapping[int, Graph], topology: Topology, saved: Mapping[int, ShardState | None],
-                  strategy: RestoreStrategy) -> tuple[dict[int, Any], set[int]]:
-    """Each saved shard's restore plan, and the shards whose plan replays up to a router."""
+                  strategy: RestoreStrategy, layouts: dict[int, PlanLayout] | None = None
+                  ) -> tuple[dict[int, Any], set[int]]:
+    """Each saved shard's restore plan, and the shards whose plan replays up to a router (their layouts
+    into ``layouts``, when given)."""
     plans = {}
     for shard, graph in graphs.items():
         record = saved.get(shard)
         if record is not None and not record.graph_exhausted:
-            plans[shard] = make_plan(graph, counts(record.nodes), strategy, sinks=[topology.shard_sink],
-                                     ports=frozenset(topology.routers))
+            layout = shard_layout(graph, topology, strategy)
+            if layouts is not None:
+                layouts[shard] = layout
+            plans[shard] = layout.at(counts(record.nodes))
     return plans, {s for s, plan in plans.items() if plan.reaches_ports}
+
+
+def shard_layout(graph: Graph, topology: Topology, strategy: RestoreStrategy) -> PlanLayout:
+    """The layout of a logical shard's plans: its part of the graph, from its sharding points down."""
+    return plan_layout(graph, strategy, sinks=[topology.shard_sink], ports=frozenset(topology.routers))
 
 
 def start_upstream(graph: Graph, routers: Sequence[str], prefix: frozenset[str], count: int, shards: Sequence[int],
@@ -127,6 +136,10 @@ class ShardEngine:
         self._routers: dict[str, Router | RemoteRouter] = {}
         self._runs: dict[int, Run | None] = {}
         self._seeds: EpochSeeds | None = None
+        # The epoch's plan layouts (the restore's, when it planned as a save does): each save of the
+        # epoch plans its shards at their counts without walking their graphs again.
+        self._layouts: dict[int, PlanLayout] = {}
+        self._upstream_layout: PlanLayout | None = None
 
     # -- epochs ---------------------------------------------------------------------------
 
@@ -135,6 +148,7 @@ class ShardEngine:
             if run is not None:
                 run.close()
         self._upstream, self._runs, self._routers = None, {}, {}
+        self._layouts, self._upstream_layout = {}, None
 
     def start(self, seeds: EpochSeeds, restore: EngineState | None = None,
               strategy: RestoreStrategy = RestoreStrategy.AUTO) -> None:
@@ -149,7 +163,8 @@ class ShardEngine:
         self._seeds = seeds
         graph, topology = self.graph, self.topology
         shard_states = restore.shards if restore is not None else {}
-        plans, replayed = restore_plans(self._shard_graphs, topology, shard_states, strategy)
+        plans, replayed = restore_plans(self._shard_graphs, topology, shard_states, strategy,
+                                        self._layouts if strategy is RestoreStrategy.AUTO else None)
         upstream_state = restore.upstream if restore is not None else None
         local = topology.filters if self._remote is not None else topology.routers
         if local:
@@ -212,8 +227,10 @@ class ShardEngine:
         """This engine's state: the part above the sharding point and each owned shard."""
         upstream = None
         if self._upstream is not None:
-            sinks = [self.graph[r].inputs[0] for r in self._routers]
-            replayed = make_plan(self.graph, self._upstream.counts(), RestoreStrategy.AUTO, sinks=sinks).replay
+            if self._upstream_layout is None:
+                sinks = [self.graph[r].inputs[0] for r in self._routers]
+                self._upstream_layout = plan_layout(self.graph, RestoreStrategy.AUTO, sinks=sinks)
+            replayed = self._upstream_layout.replay
             upstream = UpstreamState(shards=list(self.shards), nodes=self._upstream.capture(replayed),
                                      routers={r: router.state() for r, router in self._routers.items()
                                               if isinstance(router, Router)},
@@ -228,8 +245,10 @@ class ShardEngine:
                 shards[shard] = ShardState(produced=None, graph_exhausted=True, rng=self._rng.state(shard),
                                            persistent=persistent)
                 continue
-            plan = make_plan(graph, run.counts(), RestoreStrategy.AUTO, sinks=[self.topology.shard_sink],
-                             ports=frozenset(self.topology.routers))
+            layout = self._layouts.get(shard)
+            if layout is None:
+                layout = self._layouts[shard] = shard_layout(graph, self.topology, RestoreStrategy.AUTO)
+            plan = layout.at(run.counts())
             records = run.capture(plan.replay)
             shards[shard] = ShardState(produced=run.yielded, graph_exhausted=run.exhausted, nodes=records,
                                        plan=plan.record(), rng=self._rng.state(shard),

@@ -44,8 +44,7 @@ class Encoder(Extensions):
     counts the bytes handed to ``write`` (each :meth:`encode` call hands over all it encoded before
     it returns). ``measure`` maps the ``id`` of values held in dicts of the payload's frame to labels:
     the encoded size of each such value (its tree and its arrays' bytes) is put in ``sizes`` under
-    each of its labels, as it is written. ``holders``: the ``id`` of the frame's containers that hold
-    them, walked without first asking whether they are small (which would look inside each at every level).
+    each of its labels, as it is written.
 
     Array and tensor bytes reach ``write`` as views of the value's own memory after the tree: a
     ``write`` that keeps what it is given must be done with it before the value changes. After an
@@ -53,13 +52,11 @@ class Encoder(Extensions):
     """
 
     def __init__(self, write: Callable[[bytes | memoryview], Any],
-                 measure: dict[int, tuple[Any, ...]] | None = None, *, frame: int = SPINE,
-                 holders: frozenset[int] = frozenset()) -> None:
+                 measure: dict[int, tuple[Any, ...]] | None = None, *, frame: int = SPINE) -> None:
         self.pickled: list[tuple[str, Any]] = []
         self.written = 0
         self.sizes: dict[Any, int] = {}
         self._measure = measure or {}
-        self._large = holders.union(self._measure)  # never small (see ``fits``)
         self._spine = frame  # the levels of the frame (0: a value that is not a payload is packed at once)
         self._write = write
         self._buffer = bytearray()
@@ -96,7 +93,7 @@ class Encoder(Extensions):
     def _value(self, value: Any, depth: int, small: bool | None = None) -> None:
         kind = type(value)
         if small is None:
-            small = (kind is dict or kind is list) and fits(value, self._large, SMALL) >= 0
+            small = (kind is dict or kind is list) and fits(value, self._measure, SMALL) >= 0
         if small:
             self._emit(self._pack(value))  # the same bytes as walked, in one call
             return
@@ -128,13 +125,13 @@ class Encoder(Extensions):
     def _frame(self, value: dict[Any, Any], depth: int) -> None:
         """A dict of the payload's frame, item by item; measured values are measured as they are written."""
         self._emit(self._packers[0].pack_map_header(len(value)))
-        measure, large = self._measure, self._large
+        measure = self._measure
         step: list[Any] = ["key", 0]
         level = len(self._path)  # the dict's own place, for the runs of plain items
         self._path.append(step)
         plain: dict[str, Any] = {}  # a run of items of small values, packed in one call (the same bytes)
         for index, (key, item) in enumerate(value.items()):
-            small = fits(item, large, SMALL) >= 0
+            small = fits(item, measure, SMALL) >= 0
             if small and type(key) is str:
                 plain[key] = item
                 continue

@@ -4,7 +4,6 @@ base) and made in as few passes of Python as it can (``list.count`` and ``map`` 
 
 from __future__ import annotations
 
-from collections.abc import Container
 from typing import Any
 
 __all__ = ["ROWS", "SMALL", "fits", "rows"]
@@ -19,13 +18,13 @@ SMALL = 32
 KEYS = frozenset({str, *SCALARS})  # the keys of a small dict
 
 
-def fits(value: Any, large: Container[int], left: int) -> int:
+def fits(value: Any, measure: dict[int, Any], left: int) -> int:
     """``left`` less the items of ``value``, or -1 unless ``value`` is small: a scalar, a str or bytes of at
     most ``PLAIN_TEXT`` bytes, or a list (of at most ``ROWS`` items) or dict (str or scalar keys) of small
-    values, ``left`` items in all, none of them ``large`` (by ``id``: measured, or holding what is). A small
-    value packed whole is packed as the frame would have written it, with nothing to stream, measure or name
-    (and it holds no cycle: each level costs items)."""
-    if id(value) in large:
+    values, ``left`` items in all, none of them measured. A small value packed whole is packed as the frame
+    would have written it, with nothing to stream, measure or name (and it holds no cycle: each level
+    costs items)."""
+    if id(value) in measure:
         return -1
     kind = type(value)
     if kind in SCALARS or (kind in TEXTS and len(value) <= PLAIN_TEXT):
@@ -44,10 +43,10 @@ def fits(value: Any, large: Container[int], left: int) -> int:
             return -1
         kind = type(item)
         if kind in SCALARS or (kind in TEXTS and len(item) <= PLAIN_TEXT):
-            if id(item) in large:
+            if id(item) in measure:
                 return -1
         else:
-            left = fits(item, large, left)
+            left = fits(item, measure, left)
     return left
 
 

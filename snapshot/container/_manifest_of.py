@@ -14,7 +14,7 @@ from typing import Any
 from snapshot import schema
 from snapshot._version import __version__
 
-__all__ = ["holders", "manifest_of", "node_states"]
+__all__ = ["manifest_of", "node_states"]
 
 
 def _seed_digest(value: Any) -> str:
@@ -67,21 +67,6 @@ def node_states(service: schema.ServiceState | None) -> dict[int, tuple[NodePlac
             if record.state is not None:
                 marks[id(record.state)] = (*marks.get(id(record.state), ()), (part, index, path))
     return marks
-
-
-def holders(body: dict[str, Any]) -> frozenset[int]:
-    """The ``id`` of the payload's containers that hold the node states (``body`` down to each node's record,
-    as the service's checkpoint holds them): the encoder walks them without asking whether they are small."""
-    state = body["state"]
-    service = state["service"]
-    found = [body, state, service]
-    for part in ("shards", "upstream"):
-        records = service.get(part) or []
-        found.append(records)
-        for record in records:
-            if isinstance(record, dict) and isinstance(record.get("nodes"), dict):
-                found += [record, record["nodes"], *record["nodes"].values()]
-    return frozenset(map(id, found))
 
 
 def _node_positions(records: Mapping[str, schema.NodeState], replayed: set[str], sizes: dict[Any, int],

@@ -41,15 +41,14 @@ TRUST_HINT = ("If you trust the file, pass allow_pickle=True to restore_snapshot
 _NODE = re.compile(r"\.(shards|upstream)\[(\d+)\]\.nodes\[(?P<q>['\"])(?P<path>.+?)(?P=q)\](?P<rest>.*)")
 
 
-def write(body: dict[str, Any], sink: Callable[[Any], Any], measure: dict[int, tuple[Any, ...]] | None = None,
-          holders: frozenset[int] = frozenset()) -> tuple[dict[str, Any], dict[Any, int]]:
+def write(body: dict[str, Any], sink: Callable[[Any], Any],
+          measure: dict[int, tuple[Any, ...]] | None = None) -> tuple[dict[str, Any], dict[Any, int]]:
     """Encode ``body`` into ``sink``: the data section, then the pickled section.
 
     Returns the manifest's record of the two sections (``encoding``, ``data``, ``pickled``), and
-    the encoded size of each value ``measure`` labels (``holders``: the containers that hold them; see
-    ``Encoder``), by label.
+    the encoded size of each value ``measure`` labels (see ``Encoder``), by label.
     """
-    encoder = _codec.Encoder(sink, measure, holders=holders)
+    encoder = _codec.Encoder(sink, measure)
     encoder.encode(body, "payload")
     data = encoder.written
     pickled = []

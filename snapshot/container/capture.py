@@ -19,7 +19,7 @@ from typing import Any
 
 from snapshot import schema
 from snapshot.container import _dict_form, _parts, _payload, _readers, format
-from snapshot.container._manifest_of import holders, manifest_of, node_states
+from snapshot.container._manifest_of import manifest_of, node_states
 from snapshot.errors import CorruptSnapshotError, ManifestError, SnapshotFileError
 
 __all__ = ["LoaderState", "Snapshot", "capture", "capture_source", "encode", "snapshot_of"]
@@ -296,7 +296,7 @@ def encode(source: LoaderState, writer: Any) -> schema.Manifest:
     """
     body = {"state": source.restore_state(), "graph": source.graph_bytes, "service": source.service_bytes}
     service = schema.ServiceState.from_dict(source.service or {})
-    sections, sizes = _payload.write(body, writer.write, measure=node_states(service), holders=holders(body))
+    sections, sizes = _payload.write(body, writer.write, measure=node_states(service))
     graph_size, service_size = len(source.graph_bytes or b""), len(source.service_bytes or b"")
     parts = {"graph": graph_size, "service": service_size, "state": writer.size - graph_size - service_size}
     manifest = manifest_of(source, service, {**sections, "size": writer.size, "sha256": writer.sha256,

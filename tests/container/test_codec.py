@@ -605,45 +605,6 @@ def test_the_encoder_measures_marked_values_as_it_writes_them() -> None:
     assert set(encoder.sizes) == {"a", "b", "c", "d"}
 
 
-def test_the_holders_of_measured_values_are_walked_without_asking_whether_each_is_small(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A save names the containers from the payload down to each node's record (``holders``): the encoder walks
-    them without asking first whether each is small (a look through all of it, at every level), and writes the
-    same bytes and sizes."""
-    from snapshot.container import _codec_encode, _codec_shapes
-    from snapshot.container._manifest_of import holders
-
-    states = [{"seen": set(range(40)), "where": [(f"part-{i}", i, 5) for i in range(30)]}, {"position": 7}]
-    records = [{"yielded": 3, "state": state} for state in states]
-    service = {"shards": [{"nodes": {"0": records[0]}}, None], "upstream": [{"nodes": {"1": records[1]}}]}
-    body = {"state": {"epoch": 0, "service": service}, "graph": None}
-    measure = {id(states[0]): ("a",), id(states[1]): ("b",)}
-    found = holders(body)
-    assert found == {id(c) for c in (body, body["state"], service, service["shards"], service["shards"][0],
-                                      service["shards"][0]["nodes"], records[0], service["upstream"],
-                                      service["upstream"][0], service["upstream"][0]["nodes"], records[1])}
-    looked: list[int] = []  # every value ``fits`` looks at, the items inside the values it is asked about too
-    real = _codec_shapes.fits
-
-    def fits(value: Any, large: Any, left: int) -> int:
-        looked.append(id(value))
-        return real(value, large, left)
-
-    monkeypatch.setattr(_codec_shapes, "fits", fits)  # its own recursion
-    monkeypatch.setattr(_codec_encode, "fits", fits)
-    written = {}
-    for named in (frozenset(), found):
-        pieces: list[Any] = []
-        looked.clear()
-        encoder = Encoder(pieces.append, measure, holders=named)
-        encoder.encode(body, "payload")
-        written[bool(named)] = b"".join(bytes(p) for p in pieces), encoder.sizes, len(looked)
-    assert written[True][:2] == written[False][:2]
-    assert written[True][1] == {"a": len(encode(states[0])[0]), "b": len(encode(states[1])[0])}
-    assert written[True][2] < written[False][2] / 2, (written[True][2], written[False][2])
-    assert decode(written[True][0]) == body
-
-
 def test_a_save_encodes_the_state_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The manifest's per-node sizes are measured during the one encoding of the payload."""
     from torch.utils.data.datapipes.iter import IterableWrapper

@@ -110,8 +110,12 @@ def pack(manifest: Mapping[str, Any], payload: bytes, *, key: bytes | str | None
     return b"".join(pack_parts(manifest, payload, key=key))
 
 
+#: The manifest's JSON, compact (made once: ``json.dumps`` with options makes an encoder at every call).
+_JSON = json.JSONEncoder(separators=(",", ":"))
+
+
 def _manifest_bytes(manifest: Mapping[str, Any]) -> bytes:
-    return json.dumps(manifest, sort_keys=False, separators=(",", ":")).encode()
+    return _JSON.encode(manifest).encode()
 
 
 def pack_parts(manifest: Mapping[str, Any], payload: bytes, *, key: bytes | str | None = None) -> list[bytes]:

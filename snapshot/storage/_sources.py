@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
-from typing import Any
+from typing import IO, Any
 
 from snapshot.container import _payload, format
 from snapshot.container.capture import Snapshot
@@ -81,24 +81,37 @@ def read_container(src: PathOrFile, *, key: bytes | str | None = None) -> format
     return format.unpack(read_bytes(src), source=source_name(src), key=key)
 
 
+#: A snapshot file this small is read in one call and checked and decoded in memory: a read as it goes buffers
+#: as much (msgpack reads 256 KiB at a time), and takes more calls.
+_AT_ONCE = 256 << 10
+
+
 def read_snapshot(path: str | os.PathLike[str], *, key: bytes | str | None = None, trusted: bool = False) -> Snapshot:
     """The snapshot in the file at ``path``, verified and decoded as the file is read: a format-3 payload with
     no pickled values is decoded from the file as it comes (its arrays read into their memory), so that the
-    restore holds one copy of the state; any other payload is read, checked, then decoded."""
+    restore holds one copy of the state; any other payload, and a small file, is read, checked, then decoded."""
     source = os.fspath(path)
     try:
         with open(path, "rb") as f:
-            container, reader = format.open_payload(f, os.fstat(f.fileno()).st_size, source, key=key)
-            record = container.info.payload
-            if record is not None and record.encoding == _payload.ENCODING and not record.pickled \
-                    and not container.info.is_index:
-                manifest = container.manifest
-                return Snapshot.from_stream(container, reader, source=source,
-                                            payload=lambda: reread_payload(source, manifest))
-            payload = reader.read(reader.size)
-            reader.verify()
+            total = os.fstat(f.fileno()).st_size
+            if total > _AT_ONCE:
+                return _read_large(f, total, source, key=key, trusted=trusted)
+            data = f.read()
     except OSError as exc:
         raise path_error(exc, source) from exc
+    return Snapshot.from_container(format.unpack(data, source=source, key=key), source=source, trusted=trusted)
+
+
+def _read_large(f: IO[bytes], total: int, source: str, *, key: bytes | str | None, trusted: bool) -> Snapshot:
+    container, reader = format.open_payload(f, total, source, key=key)
+    record = container.info.payload
+    if record is not None and record.encoding == _payload.ENCODING and not record.pickled \
+            and not container.info.is_index:
+        manifest = container.manifest
+        return Snapshot.from_stream(container, reader, source=source,
+                                    payload=lambda: reread_payload(source, manifest))
+    payload = reader.read(reader.size)
+    reader.verify()
     return Snapshot.from_container(dataclasses.replace(container, payload=payload), source=source, trusted=trusted)
 
 

@@ -195,6 +195,8 @@ def check_format(version: Any, source: str) -> int:
 # subclass, a failed cross-check) it raises Doubt, and the record's precise reader (the ``_Fields``
 # code, the only one that judges) reads the value again and names what is wrong. So it may refuse
 # more than the precise reader, never accept more (tests/schema/test_quick.py holds them to it).
+# Each record's from_dict tries its quick reader inline (try/except Doubt) rather than through a
+# decorator: a Quick is made from its class, so it exists only after the class statement.
 
 class Doubt(Exception):
     """The quick reader leaves this value to the precise one."""

@@ -40,9 +40,10 @@ def fits(value: Any, measure: dict[int, Any], left: int, weights: dict[int, int]
     return left - weight if weight <= left else -1
 
 
-def _weight(value: list[Any] | dict[Any, Any], measure: dict[int, Any], weights: dict[int, int], room: int) -> int:
-    """The items of ``value`` and of the dicts and lists in it if they are small and at most ``room``, else
-    ``BIG``. Each level costs items, so the walk goes at most ``room`` levels deep (a value inside itself too)."""
+def _weight(value: Any, measure: dict[int, Any], weights: dict[int, int], room: int) -> int:
+    """The items of ``value`` (a dict or a list) and of the dicts and lists in it if they are small and at most
+    ``room``, else ``BIG``. Each level costs items, so the walk goes at most ``room`` levels deep (a value inside
+    itself too)."""
     known = weights.get(id(value))
     if known is not None:
         return known if known <= room else BIG

@@ -187,12 +187,11 @@ class Encoder(Extensions):
         is_dict = type(value) is dict
         packer = self._packers[0]
         self._emit(packer.pack_map_header(len(value)) if is_dict else packer.pack_array_header(len(value)))
-        items: Iterator[Any] = iter(value.items()) if isinstance(value, dict) else iter(value)
+        items: Iterator[Any] = iter(value.items()) if isinstance(value, dict) else iter(())
         done, size = 0, 1
         while done < len(value):
-            part: Any = list(itertools.islice(items, size))
-            if is_dict:
-                part = dict(part)
+            # a list's slice is copied in C; a dict's items go straight into the part (the items' pairs reused)
+            part: Any = dict(itertools.islice(items, size)) if is_dict else value[done:done + size]
             data = self._pack(part, base=done)
             self._emit(memoryview(data)[_HEADER.get(data[0], 1):])
             done += len(part)

@@ -213,6 +213,9 @@ class Graph:
         self.nodes: list[Node] = []
         self.by_path: dict[str, Node] = {}
         self._path_of: dict[int, str] = {}
+        #: What the layers above derive from this graph alone, kept with it (made again with the graph):
+        #: a restore's checks and its plans ask for the same facts.
+        self.memo: dict[Any, Any] = {}
         self._walk(sink)
 
     def _walk(self, sink: Any) -> None:

@@ -69,6 +69,7 @@ class Encoder(Extensions):
         self._root = ""
         self._path: list[list[Any]] = []
         self._active: set[int] = set()  # the frame's containers being written (a cycle is not data)
+        self._weights: dict[int, int] = {}  # the items of the frame's dicts and lists, counted once (see fits)
         self._handlers: dict[type, Callable[[Any], Any]] = {
             tuple: self._tuple, set: self._set, frozenset: self._frozenset, int: self._bigint,
             complex: self._complex, bytearray: self._bytearray, deque: self._deque, range: self._range,
@@ -82,6 +83,7 @@ class Encoder(Extensions):
             self._value(value, 0)
         finally:
             self._path.clear()
+            self._weights.clear()  # by id: valid while the value is encoded
         self._flush()
         buffers, self._buffers = self._buffers, []
         for item in buffers:
@@ -93,7 +95,7 @@ class Encoder(Extensions):
     def _value(self, value: Any, depth: int, small: bool | None = None) -> None:
         kind = type(value)
         if small is None:
-            small = (kind is dict or kind is list) and fits(value, self._measure, SMALL) >= 0
+            small = (kind is dict or kind is list) and fits(value, self._measure, SMALL, self._weights) >= 0
         if small:
             self._emit(self._pack(value))  # the same bytes as walked, in one call
             return
@@ -125,13 +127,13 @@ class Encoder(Extensions):
     def _frame(self, value: dict[Any, Any], depth: int) -> None:
         """A dict of the payload's frame, item by item; measured values are measured as they are written."""
         self._emit(self._packers[0].pack_map_header(len(value)))
-        measure = self._measure
+        measure, weights = self._measure, self._weights
         step: list[Any] = ["key", 0]
         level = len(self._path)  # the dict's own place, for the runs of plain items
         self._path.append(step)
         plain: dict[str, Any] = {}  # a run of items of small values, packed in one call (the same bytes)
         for index, (key, item) in enumerate(value.items()):
-            small = fits(item, measure, SMALL) >= 0
+            small = fits(item, measure, SMALL, weights) >= 0
             if small and type(key) is str:
                 plain[key] = item
                 continue
@@ -185,12 +187,11 @@ class Encoder(Extensions):
         is_dict = type(value) is dict
         packer = self._packers[0]
         self._emit(packer.pack_map_header(len(value)) if is_dict else packer.pack_array_header(len(value)))
-        items: Iterator[Any] = iter(value.items()) if isinstance(value, dict) else iter(value)
+        items: Iterator[Any] = iter(value.items()) if isinstance(value, dict) else iter(())
         done, size = 0, 1
         while done < len(value):
-            part: Any = list(itertools.islice(items, size))
-            if is_dict:
-                part = dict(part)
+            # a list's slice is copied in C; a dict's items go straight into the part (the items' pairs reused)
+            part: Any = dict(itertools.islice(items, size)) if is_dict else value[done:done + size]
             data = self._pack(part, base=done)
             self._emit(memoryview(data)[_HEADER.get(data[0], 1):])
             done += len(part)

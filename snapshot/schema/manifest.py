@@ -11,11 +11,7 @@ from typing import Any
 from snapshot.errors import ManifestError
 from snapshot.schema._fields import (
     FORMAT_VERSION,
-    REQUIRED,
     SHARDED_SERVICES,
-    STR,
-    Doubt,
-    Quick,
     _fail,
     _Fields,
     _int,
@@ -25,13 +21,19 @@ from snapshot.schema._fields import (
     _str,
     _texts,
     check_format,
+)
+from snapshot.schema._lazy import index_shards, index_upstream, missing, unknown_node, upstream_shards
+from snapshot.schema._metadata import METADATA_LIMIT, _metadata, check_metadata  # noqa: F401 (their home before)
+from snapshot.schema._quick import (
+    REQUIRED,
+    STR,
+    Doubt,
+    Quick,
     quick_copy,
     quick_optional,
     quick_records,
     quick_texts,
 )
-from snapshot.schema._lazy import index_shards, index_upstream, missing, unknown_node, upstream_shards
-from snapshot.schema._metadata import METADATA_LIMIT, _metadata, check_metadata  # noqa: F401 (their home before)
 from snapshot.schema.graph import GraphDesc, quick_graph
 from snapshot.schema.layout import (
     LoaderPosition,

@@ -8,10 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from snapshot.schema._fields import (
-    REQUIRED,
     UINT64_LIMIT,
-    Doubt,
-    Quick,
     _fail,
     _Fields,
     _int,
@@ -20,6 +17,11 @@ from snapshot.schema._fields import (
     _object,
     _records,
     _seed,
+)
+from snapshot.schema._quick import (
+    REQUIRED,
+    Doubt,
+    Quick,
     quick_records,
     quick_seed,
 )

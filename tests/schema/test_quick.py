@@ -1,4 +1,4 @@
-"""The quick reader (``snapshot.schema._fields.Quick``) may refuse more than the precise reader, never accept
+"""The quick reader (``snapshot.schema._quick.Quick``) may refuse more than the precise reader, never accept
 more: on every value the precise reader refuses, the quick one doubts; on every value it accepts, it gives the
 same record, field for field and type for type, sharing the same parts of the input. So ``from_dict`` ends as
 the precise reader alone would, error message and all.
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import snapshot
 from snapshot import schema
-from snapshot.schema import _fields, manifest, saved
+from snapshot.schema import _quick, manifest, saved
 from tests import graphs, helpers
 from tests.schema import test_state_records as records
 
@@ -137,14 +137,14 @@ class _Precise:
     """The precise readers alone: every quick reader doubts."""
 
     def __enter__(self) -> None:
-        self._values = _fields.Quick.values
+        self._saved = _quick.Quick.values, _quick.Quick.__call__
 
-        def doubt(self: Any, value: Any, out: Any = None) -> dict[str, Any]:
-            raise _fields.Doubt
-        _fields.Quick.values = doubt  # type: ignore[method-assign]
+        def doubt(self: Any, value: Any) -> Any:
+            raise _quick.Doubt
+        _quick.Quick.values = _quick.Quick.__call__ = doubt  # type: ignore[method-assign]
 
     def __exit__(self, *exc: Any) -> None:
-        _fields.Quick.values = self._values  # type: ignore[method-assign]
+        _quick.Quick.values, _quick.Quick.__call__ = self._saved  # type: ignore[method-assign]
 
 
 def _outcome(read: Callable[[], Any]) -> tuple[str, Any]:
@@ -211,16 +211,16 @@ def _agree(read: Callable[[Any], Any], quick: Callable[[Any], Any], value: Any) 
         precise = _outcome(lambda: read(value))
     try:
         fast = quick(value)
-    except _fields.Doubt:
-        fast = _fields.Doubt
+    except _quick.Doubt:
+        fast = _quick.Doubt
     outcome = _outcome(lambda: read(value))
     if precise[0] != "value":
-        assert fast is _fields.Doubt, f"the quick reader took what the precise one refuses: {precise[1]}"
+        assert fast is _quick.Doubt, f"the quick reader took what the precise one refuses: {precise[1]}"
         assert outcome == precise
         return False
     assert outcome[0] == "value", outcome
     _same(outcome[1], precise[1])
-    if fast is _fields.Doubt:
+    if fast is _quick.Doubt:
         return False
     _same(fast, precise[1])
     assert _shared(fast, value) == _shared(precise[1], value)

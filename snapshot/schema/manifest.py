@@ -286,9 +286,12 @@ class Manifest:
         service = state.service
         if service is not None and self.service.name in SHARDED_SERVICES:  # else a wrapper (sequential) or the user's
             pairs.append(("service.name", self.service.name, service.service))
-        layout = {} if service is None else service.layout_record().layout if service.service == self.service.name \
-            else ServiceLayout.from_dict({"name": self.service.name, **service.layout}, "state.service.layout").layout
-        pairs.append(("service", self.service.layout, layout))
+        if service is None or service.service != self.service.name or service.layout_record() != self.service:
+            # the records differ (or cannot be compared): their layouts, to say how
+            layout = {} if service is None else service.layout_record().layout \
+                if service.service == self.service.name else \
+                ServiceLayout.from_dict({"name": self.service.name, **service.layout}, "state.service.layout").layout
+            pairs.append(("service", self.service.layout, layout))
         records = () if service is None else service.shards
         pairs.append(("upstream", len(self.upstream), 0 if service is None else len(service.upstream)))
         pairs.append(("shards", len(self.shards), len(records)))

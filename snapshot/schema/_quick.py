@@ -82,6 +82,10 @@ def _reader_source(fields: tuple[tuple[Any, ...], ...], extra: bool) -> tuple[st
             body += ["elif type(item) is not str:", "    raise Doubt"]
         elif kind is BOOL:
             body += ["elif type(item) is not bool:", "    raise Doubt"]
+        elif _SHAPES.get(kind, ("",))[0] in _TYPES:
+            test, lines = _shape_source(_SHAPES[kind], f"k{i}", names)
+            body += [f"elif {test}:", "    raise Doubt", "else:", *(f"    {line}" for line in lines), f"    {store} x"]
+            continue
         elif kind is not ANY:
             names[f"k{i}"] = _reader(kind)
             body += ["else:", f"    {store} k{i}(item)"]
@@ -94,6 +98,36 @@ def _reader_source(fields: tuple[tuple[Any, ...], ...], extra: bool) -> tuple[st
     head = "    if type(value) is not dict:\n        raise Doubt\n    get = value.get\n"
     return (f"def read(value):\n{head}    record = new(cls)\n    out = record.__dict__\n{inner}    return record\n"
             f"def values(value):\n{head}    out = {{}}\n{inner}    return out\n"), names
+
+
+#: The helpers below whose checks a reader writes out in its own code, a call the less per field:
+#: ``helper: (shape, reader of each item or None, what makes the result)``.
+_SHAPES: dict[Any, tuple[str, Any, Any]] = {}
+_COUNT = f"type(v) is not int or not 0 <= v <= {MAX_COUNT}"
+_TYPES = {"texts": "dict", "counts": "dict", "copy": "dict", "by_path": "dict",
+          "list": "list", "strs": "list", "ints": "list", "records": "list"}
+
+
+def _shape_source(shape: tuple[str, Any, Any], name: str, names: dict[str, Any]) -> tuple[str, list[str]]:
+    """What a reader writes for a helper of ``_SHAPES`` read into ``x`` from ``item``: the test that Doubts,
+    and the lines after it (``name``: what the item reader is called in the reader's scope)."""
+    kind, read, make = shape
+    test = f"type(item) is not {_TYPES[kind]}"
+    made = "x" if make is None else f"{make.__name__}(x)"
+    if kind in ("texts", "counts"):
+        bad = "type(v) is not str" if kind == "texts" else _COUNT
+        return test, ["for v in item.values():", f"    if {bad}:", "        raise Doubt", "x = dict(item)"]
+    if kind in ("strs", "ints"):
+        bad = "type(v) is not str" if kind == "strs" else _COUNT
+        return test, ["for v in item:", f"    if {bad}:", "        raise Doubt", f"x = {make.__name__}(item)"]
+    if kind in ("copy", "list"):
+        return test, [f"x = {'dict(item)' if kind == 'copy' else made.replace('x', 'item')}"]
+    optional = _SHAPES.get(read, ("",))[0] == "optional"
+    names[name] = _SHAPES[read][1] if optional else _reader(read)
+    call = f"None if v is None else {name}(v)" if optional else f"{name}(v)"
+    if kind == "by_path":
+        return test, ["x = {}", "for p, v in item.items():", f"    x[p] = {call}"]
+    return test, ["x = []", "for v in item:", f"    x.append({call})", *([] if make is list else [f"x = {made}"])]
 
 
 def build(cls: type[T], values: dict[str, Any]) -> T:
@@ -191,6 +225,7 @@ def quick_ints(make: Callable[[list[int]], Any] = tuple) -> Callable[[Any], Any]
             if type(item) is not int or not 0 <= item <= MAX_COUNT:
                 raise Doubt
         return make(value)
+    _shaped(ints, "ints", None, make)
     return ints
 
 
@@ -202,6 +237,7 @@ def quick_records(read: Callable[[Any], T], make: Callable[[list[T]], Any] = tup
         if type(value) is not list:
             raise Doubt
         return make([read(item) for item in value])
+    _shaped(records, "records", read, make)
     return records
 
 
@@ -213,14 +249,29 @@ def quick_by_path(read: Callable[[Any], T]) -> Callable[[Any], dict[Any, T]]:
         if type(value) is not dict:
             raise Doubt
         return {path: read(item) for path, item in value.items()}
+    _shaped(by_path, "by_path", read, None)
     return by_path
 
 
 def quick_optional(read: Callable[[Any], T]) -> Callable[[Any], T | None]:
     read = _reader(read)
-    return lambda value: None if value is None else read(value)
+
+    def optional(value: Any) -> T | None:
+        return None if value is None else read(value)
+    _SHAPES[optional] = ("optional", read, None)  # written out only as the items of records
+    return optional
 
 
 def _reader(read: Callable[[Any], T]) -> Callable[[Any], T]:
     """A Quick's reader itself (a call the less per record)."""
     return read.read if isinstance(read, Quick) else read
+
+
+def _shaped(helper: Any, kind: str, read: Any, make: Any) -> None:
+    if make in (None, tuple, list):  # what _shape_source writes by name
+        _SHAPES[helper] = (kind, read, make)
+
+
+for _helper, _shape in ((quick_texts, "texts"), (quick_counts, "counts"), (quick_copy, "copy"), (quick_list, "list"),
+                        (quick_list_copy, "list"), (quick_strs, "strs")):
+    _shaped(_helper, _shape, None, list if _helper is quick_list_copy else tuple if _shape == "strs" else None)

@@ -295,9 +295,10 @@ class Manifest:
         records = () if service is None else service.shards
         pairs.append(("upstream", len(self.upstream), 0 if service is None else len(service.upstream)))
         pairs.append(("shards", len(self.shards), len(records)))
-        for i, (shard, record) in enumerate(zip(self.shards, records)):
-            pairs.append((f"shards[{i}]", shard is None, record is None))
-            if shard is not None and record is not None:
+        for i, (shard, record) in enumerate(zip(self.shards, records)):  # named only where they differ
+            if (shard is None) != (record is None):
+                pairs.append((f"shards[{i}]", shard is None, record is None))
+            elif shard is not None and record is not None and shard.yielded != record.yielded:
                 pairs.append((f"shards[{i}].yielded", shard.yielded, record.yielded))
         for where, shown, saved in pairs:
             if shown != saved:

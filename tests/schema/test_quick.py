@@ -285,3 +285,28 @@ def test_the_records_test_values_read_quickly_and_the_same(record: Any) -> None:
     with _Precise():
         precise = type(record).from_dict(value)
     _same(type(record).from_dict(value), precise)
+
+
+_SABOTAGE = {"a count may be -1": ("not 0 <= item", "not -1 <= item"),
+             "a bool may be an int": ("type(item) is not bool", "type(item) is not bool and type(item) is not int"),
+             None: ("", "")}
+
+
+@pytest.mark.parametrize("sabotage", list(_SABOTAGE), ids=lambda s: s or "intact")
+def test_a_broken_reader_is_caught(sabotage: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The edits above catch a reader made wrong (and find nothing wrong with one made right)."""
+    made = _quick._reader_source
+    old, new = _SABOTAGE[sabotage]
+    monkeypatch.setattr(_quick, "_reader_source", lambda fields, extra: (made(fields, extra)[0].replace(old, new),
+                                                                         made(fields, extra)[1]))
+    reader = _quick.Quick(schema.LoaderPosition, (("epoch", _quick.quick_int(-1), _quick.REQUIRED),
+                                                  ("yielded", _quick.COUNT, _quick.REQUIRED),
+                                                  ("epoch_finished", _quick.BOOL, _quick.REQUIRED),
+                                                  ("lookahead", _quick.COUNT, 0)))
+    caught = []
+    for what, edited in _edits({"epoch": 0, "yielded": 3, "epoch_finished": False, "lookahead": 1}):
+        try:
+            _agree(schema.LoaderPosition.from_dict, reader.read, edited)
+        except AssertionError:
+            caught.append(what)
+    assert bool(caught) == (sabotage is not None), caught

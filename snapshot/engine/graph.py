@@ -87,17 +87,34 @@ def _signature_names(cls: type) -> tuple[str, ...]:
 _MISSING = object()
 
 
-def _structural_args(datapipe: Any) -> dict[str, str]:
-    """Constructor arguments that are not DataPipes, as tokens, in signature order."""
+def _arguments(datapipe: Any) -> tuple[dict[str, str], list[tuple[str, Any]]]:
+    """Constructor arguments that are not DataPipes, as tokens, in signature order; and the functions among
+    them (items of a list or dict argument as ``name[i]``), whose code :attr:`Node.code` fingerprints when
+    asked (each argument is looked up once, for both)."""
     args: dict[str, str] = {}
+    functions: list[tuple[str, Any]] = []
     for name in _init_parameters(type(datapipe)):
         value = attribute(datapipe, name, _MISSING)
         if value is _MISSING or _is_datapipe(value):
             continue
-        if isinstance(value, (list, tuple)) and value and all(_is_datapipe(v) for v in value):
-            continue
+        if isinstance(value, (list, tuple, dict)):
+            _collect_functions(name, value, functions)
+            if isinstance(value, (list, tuple)) and value and all(_is_datapipe(v) for v in value):
+                continue
+        elif callable(value):  # only a callable runs code (most arguments are not)
+            functions.append((name, value))
         args[name] = _token(value)
-    return args
+    return args, functions
+
+
+def _collect_functions(name: str, value: list[Any] | tuple[Any, ...] | dict[Any, Any],
+                       functions: list[tuple[str, Any]]) -> None:
+    """The functions among the items of a list or dict argument, as ``name[i]``."""
+    if len(value) > _MAX_TOKEN_ITEMS:
+        return
+    for key, item in value.items() if isinstance(value, dict) else enumerate(value):
+        if callable(item) and not _is_datapipe(item):
+            functions.append((f"{name}[{key}]", item))
 
 
 def _input_edges(datapipe: Any) -> list[tuple[str, Any]]:
@@ -126,23 +143,6 @@ def _collect(segment: str, value: Any, edges: list[tuple[str, Any]], depth: int)
                 _collect(f"{segment}/{key}", item, edges, depth + 1)
 
 
-def _code_args(datapipe: Any) -> dict[str, str]:
-    """The code fingerprint of every function argument of ``datapipe`` (items of a list or
-    dict argument as ``name[i]``)."""
-    code: dict[str, str] = {}
-    for name in _init_parameters(type(datapipe)):
-        value = attribute(datapipe, name)
-        items = (enumerate(value) if isinstance(value, (list, tuple)) and len(value) <= _MAX_TOKEN_ITEMS else
-                 value.items() if isinstance(value, dict) and len(value) <= _MAX_TOKEN_ITEMS else None)
-        for key, item in [(None, value)] if items is None else items:
-            if not callable(item) or _is_datapipe(item):  # only a callable runs code (most arguments are not)
-                continue
-            fingerprint = code_fingerprint(item)
-            if fingerprint is not None:
-                code[name if key is None else f"{name}[{key}]"] = fingerprint
-    return code
-
-
 @dataclass
 class Node:
     """One DataPipe in a graph."""
@@ -153,6 +153,8 @@ class Node:
     args: dict[str, str]
     inputs: list[str] = field(default_factory=list)
     consumers: list[str] = field(default_factory=list)
+    #: The function arguments (name, callable) whose code :attr:`code` fingerprints.
+    functions: list[tuple[str, Any]] = field(default_factory=list, repr=False, compare=False)
     # computed once, when first asked (a plain attribute: ``functools.cached_property`` takes a lock per
     # read before Python 3.12, which a restore's graph check paid on every node)
     _fingerprint: str | None = field(default=None, init=False, repr=False, compare=False)
@@ -170,7 +172,11 @@ class Node:
     def code(self) -> dict[str, str]:
         """The code fingerprint of each function argument (see :func:`code_fingerprint`); computed once."""
         if self._code is None:
-            self._code = _code_args(self.datapipe)
+            self._code = {}
+            for name, function in self.functions:
+                fingerprint = code_fingerprint(function)
+                if fingerprint is not None:
+                    self._code[name] = fingerprint
         return self._code
 
     @property
@@ -213,6 +219,9 @@ class Graph:
         self.nodes: list[Node] = []
         self.by_path: dict[str, Node] = {}
         self._path_of: dict[int, str] = {}
+        #: What the layers above derive from this graph alone, kept with it (made again with the graph):
+        #: a restore's checks and its plans ask for the same facts.
+        self.memo: dict[Any, Any] = {}
         self._walk(sink)
 
     def _walk(self, sink: Any) -> None:
@@ -226,7 +235,8 @@ class Graph:
                 if consumer is not None and known not in self.by_path[consumer].inputs:
                     self.by_path[consumer].inputs.append(known)
                 continue
-            node = Node(path, datapipe, type_name(datapipe), _structural_args(datapipe))
+            args, functions = _arguments(datapipe)
+            node = Node(path, datapipe, type_name(datapipe), args, functions=functions)
             if consumer is not None:
                 node.consumers.append(consumer)
                 self.by_path[consumer].inputs.append(path)

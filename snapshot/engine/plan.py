@@ -267,9 +267,19 @@ def check_strategy(graph: Graph, strategy: RestoreStrategy) -> None:
 
 
 def _check_strategy(graph: Graph, nodes: set[str], strategy: RestoreStrategy) -> dict[str, str]:
-    """Why each of ``nodes`` needs replay; refuses what cannot be restored, and ``state`` where some must replay."""
-    check_restorable(graph, nodes)
-    reasons = needs_replay(graph, nodes)
+    """Why each of ``nodes`` needs replay; refuses what cannot be restored, and ``state`` where some must replay.
+    What the hooks say of ``nodes`` is found once per graph while no hook is registered (a restore checks the
+    whole graph up front, then plans its shards)."""
+    from snapshot.hooks._registry import generation
+
+    key, now = ("needs_replay", frozenset(nodes)), generation()
+    found = graph.memo.get(key)
+    if found is not None and found[0] == now:
+        reasons: dict[str, str] = found[1]
+    else:
+        check_restorable(graph, nodes)
+        reasons = needs_replay(graph, nodes)
+        graph.memo[key] = (now, reasons)
     if strategy is RestoreStrategy.STATE and reasons:
         listing = "\n".join(f"  {p}: {graph[p].signature}: {r}" for p, r in reasons.items())
         raise StrategyError(

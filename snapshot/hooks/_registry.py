@@ -25,8 +25,8 @@ from typing import Any
 
 from snapshot.hooks._base import ResumableIterator
 
-__all__ = ["StateHook", "hook_for", "hook_for_class", "refusal_condition", "refusal_for", "register_lazy",
-           "register_refusal", "register_state_hook", "registered_types"]
+__all__ = ["StateHook", "generation", "hook_for", "hook_for_class", "refusal_condition", "refusal_for",
+           "register_lazy", "register_refusal", "register_state_hook", "registered_types"]
 
 #: Methods through which a pipe yields: a subclass that overrides one does not inherit a hook.
 _BEHAVIOUR = ("__iter__", "__next__", "reset", "get_next_element_by_instance")
@@ -51,6 +51,19 @@ _REFUSALS: dict[type, tuple[Callable[[Any], str | None], str]] = {}
 #: Per top-level package, a function that registers its hooks, called on first use.
 _LAZY: dict[str, Callable[[], None]] = {}
 _loaded_lazy: set[str] = set()
+#: Counts the changes to the tables above (see :func:`generation`).
+_changes = 0
+
+
+def generation() -> int:
+    """A number that changes whenever a hook or a refusal is registered (a lazy table loaded included):
+    what is derived from the registry for a graph holds while it stays the same."""
+    return _changes
+
+
+def _changed() -> None:
+    global _changes
+    _changes += 1
 
 
 def register_state_hook(
@@ -101,11 +114,13 @@ def register_state_hook(
             "to override it"
         )
     _HOOKS[cls] = StateHook(iterator, state_dict, load_state_dict)
+    _changed()
 
 
 def register_lazy(package: str, load: Callable[[], None]) -> None:
     """Call ``load()`` (which registers hooks) the first time a class of ``package`` is looked up."""
     _LAZY[package] = load
+    _changed()
 
 
 def _load_lazy(cls: type) -> None:
@@ -113,7 +128,10 @@ def _load_lazy(cls: type) -> None:
     load = _LAZY.get(package)
     if load is not None and package not in _loaded_lazy:
         _loaded_lazy.add(package)
-        load()
+        try:
+            load()
+        finally:
+            _changed()
 
 
 def _defines_behaviour(cls: type, upto: type) -> bool:
@@ -162,6 +180,7 @@ def register_refusal(cls: type, reason: Callable[[Any], str | None], *, when: st
     yielding a different stream.
     """
     _REFUSALS[cls] = (reason, when)
+    _changed()
 
 
 def refusal_for(datapipe: Any) -> str | None:

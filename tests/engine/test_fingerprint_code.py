@@ -15,11 +15,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 import snapshot
 from snapshot import format as fmt
 from snapshot.engine._code import code_fingerprint
+from snapshot.engine.graph import Graph
 from tests.zygote import Zygote, run_script
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,10 +79,31 @@ def test_the_manifest_records_code_per_function_argument() -> None:
     assert "code" not in nodes["0"] and "code" not in nodes["0/datapipe/datapipe/datapipe"]
 
 
+class _Several(IterDataPipe):
+    """A pipe with functions in a list, a dict and a plain argument, beside inputs and other values."""
+
+    def __init__(self, datapipe: IterDataPipe, fns: list, table: dict, fn: object = None, n: int = 3) -> None:
+        self.datapipe, self.fns, self.table, self.fn, self.n = datapipe, fns, table, fn, n
+
+    def __iter__(self):
+        yield from self.datapipe
+
+
+def test_every_function_argument_has_its_code_and_the_structure_keeps_the_rest() -> None:
+    f, g = _define("def f(x):\n    return x * 10"), _define("def g(x):\n    return x + 1", "g")
+    sources = [IterableWrapper(range(3)), IterableWrapper(range(4))]
+    node = Graph(_Several(IterableWrapper(range(5)).zip(*sources), [f, len, g], {"a": g, "b": 2}, fn=f))["0"]
+    assert node.code == {"fns[0]": code_fingerprint(f), "fns[2]": code_fingerprint(g),
+                         "table[a]": code_fingerprint(g), "fn": code_fingerprint(f)}
+    assert list(node.args) == ["fns", "table", "fn", "n"] and node.args["n"] == "3"
+    assert Graph(IterableWrapper(range(5)).zip(*sources))["0"].code == {}  # its inputs run no code of it
+
+
 # -- restoring in a fresh process after the module was edited ----------------------------------
 
 SCRIPT = """
 import json, sys
+from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter import IterableWrapper
 import snapshot
 import userfns

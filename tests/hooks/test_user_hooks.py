@@ -7,8 +7,9 @@ from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter import Batcher, IterableWrapper
 
 import snapshot
+from snapshot.errors import RestoreError
 from snapshot.graph import Graph
-from snapshot.hooks import ResumableIterator, Stateless, hook_for, register_state_hook
+from snapshot.hooks import ResumableIterator, Stateless, hook_for, register_refusal, register_state_hook
 from snapshot.plan import RestoreStrategy, make_plan
 from snapshot.testing import assert_resumes_exactly
 from tests import graphs
@@ -65,6 +66,28 @@ register_state_hook(Legacy, state_dict=lambda dp: {"position": dp.position},
 
 def legacy_graph():
     return Batcher(Legacy(23), 4)
+
+
+class Refusable(Legacy):
+    """Legacy with a hook of its own (object hooks are not inherited), and a refusal registered by a test."""
+
+
+register_state_hook(Refusable, state_dict=lambda dp: {"position": dp.position},
+                    load_state_dict=lambda dp, state: setattr(dp, "position", state["position"]))
+
+
+def test_a_refusal_registered_after_a_restore_stops_the_next_restore_of_the_same_loader() -> None:
+    saver = snapshot.DataLoader2(Batcher(Refusable(23), 4))
+    it = iter(saver)
+    next(it)
+    snap = saver.save_snapshot()
+    rest = list(it)
+    loader = snapshot.DataLoader2(Batcher(Refusable(23), 4))
+    loader.restore_snapshot(snap, strategy="state")  # its graph keeps what the hooks said of it...
+    assert list(loader) == rest
+    register_refusal(Refusable, lambda dp: "refused after the loader was built", when="in this test")
+    with pytest.raises(RestoreError, match="0/datapipe: .*refused after the loader was built"):
+        loader.restore_snapshot(snap, strategy="state")  # ...until a hook or a refusal is registered
 
 
 def test_object_hook_for_a_class_you_cannot_edit() -> None:

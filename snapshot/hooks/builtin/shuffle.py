@@ -26,14 +26,19 @@ POSITIONS = "positions"
 _UNDECIDED = object()
 
 
-def consume_seed(datapipe: Any, rng: random.Random) -> None:
-    """Seed ``rng`` with the pipe's seed and clear it, as the pipe's own ``reset()`` does
-    (without a seed, one is drawn from torch's global generator)."""
+def take_seed(datapipe: Any) -> int:
+    """The pipe's seed, cleared, as the pipe's own ``reset()`` takes it (without a seed, one is drawn
+    from torch's global generator)."""
     seed = datapipe._seed
     if seed is None:
         seed = int(torch.empty((), dtype=torch.int64).random_().item())
-    rng.seed(seed)
     datapipe._seed = None
+    return int(seed)
+
+
+def consume_seed(datapipe: Any, rng: random.Random) -> None:
+    """Seed ``rng`` with the pipe's seed and clear it, as the pipe's own ``reset()`` does."""
+    rng.seed(take_seed(datapipe))
 
 
 class ShufflerIterator(ResumableIterator):
@@ -54,12 +59,20 @@ class ShufflerIterator(ResumableIterator):
         self._enabled = datapipe._enabled
         self._buffer: list[Any] = []
         self._draining = False
-        self._rng = random.Random(0)  # seeded below, or its state set by a restore (no draw from the OS)
+        # Unseeded (no draw from the OS): seeded with the pipe's seed, taken now as reset() takes it, when
+        # first used; a restore sets its state instead (seeding it first would cost as much again).
+        self._rng = random.Random.__new__(random.Random)
+        self._seed: int | None = take_seed(datapipe) if self._enabled else None
         #: Keys (input positions or addresses) parallel to ``_buffer`` (``None``: saved by value).
         self._positions: list[Any] | None = None
         self._reproducer: Any = _UNDECIDED
-        if self._enabled:
-            consume_seed(datapipe, self._rng)
+
+    def _seeded(self) -> random.Random:
+        """The generator, seeded with the pipe's seed on first use (unless a restore set its state)."""
+        if self._seed is not None:
+            self._rng.seed(self._seed)
+            self._seed = None
+        return self._rng
 
     def _by_position(self) -> Reproducer | str:
         """Decide once whether this buffer can be saved by position."""
@@ -77,6 +90,8 @@ class ShufflerIterator(ResumableIterator):
             return next(self._src)
         if self.buffer_state == BufferState.POSITIONS and self._reproducer is _UNDECIDED:
             self._by_position()
+        if self._seed is not None:
+            self._seeded()
         if self._positions is not None:
             return self._next_tracked(self._positions)
         buffer = self._buffer
@@ -134,7 +149,7 @@ class ShufflerIterator(ResumableIterator):
 
     def get_state(self) -> dict[str, Any]:
         # a disabled shuffler never draws: its (unseeded) generator is not part of the position
-        state = {ENABLED: self._enabled, RNG: rng_state(self._rng) if self._enabled else None,
+        state = {ENABLED: self._enabled, RNG: rng_state(self._seeded()) if self._enabled else None,
                  DRAINING: self._draining}
         by_position = (self.buffer_state == BufferState.POSITIONS and self._enabled
                        and isinstance(self._by_position(), Reproducer))
@@ -152,6 +167,7 @@ class ShufflerIterator(ResumableIterator):
         self._enabled = bool(state[ENABLED])
         if state[RNG] is not None:
             set_rng_state(self._rng, state[RNG])
+            self._seed = None
         self._draining = bool(state[DRAINING])
         positions = state.get(POSITIONS)
         if positions is None:

@@ -10,6 +10,7 @@ of the state. Every malformed input raises :class:`~snapshot.errors.CorruptSnaps
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -96,7 +97,11 @@ class Decoder(ExtValues):
         self._pending_bytes = 0
         self._descriptors: dict[bytes, tuple[Any, tuple[int, ...], int]] = {}
         self._options = {**types.UNPACK_OPTIONS, "ext_hook": self._ext}
-        self._hooks: dict[int, Callable[[bytes], Any]] = {
+
+    @functools.cached_property
+    def _hooks(self) -> dict[int, Callable[[bytes], Any]]:  # type: ignore[override]
+        """What builds each ext type: made at the first ext value (a small state has none)."""
+        return {
             types.TUPLE: self._tuple, types.SET: self._set, types.FROZENSET: self._frozenset,
             types.BIGINT: lambda data: int.from_bytes(data, "little", signed=True), types.COMPLEX: self._complex,
             types.BYTEARRAY: bytearray, types.DEQUE: self._deque, types.RANGE: self._range,

@@ -142,8 +142,10 @@ def upstream_shards(records: Sequence[Any]) -> Iterator[tuple[int, Sequence[int]
 
 def missing(records: Sequence[Any]) -> int | None:
     """The first ``None`` record's index (``None``: there is none), read or not."""
-    items = records.raw if isinstance(records, Records) else records
-    return next((i for i, item in enumerate(items) if item is None), None)
+    for i, item in enumerate(records.raw if isinstance(records, Records) else records):
+        if item is None:
+            return i
+    return None
 
 
 __all__ = ["Mapped", "Records", "index_shards", "index_upstream", "missing", "unknown_node", "upstream_shards"]

@@ -7,17 +7,19 @@ from typing import Any
 
 from snapshot.errors import ManifestError
 from snapshot.schema._fields import (
-    BOOL,
-    REQUIRED,
-    STR,
-    Doubt,
-    Quick,
     _bool,
     _fail,
     _Fields,
     _records,
     _str,
     _texts,
+)
+from snapshot.schema._quick import (
+    BOOL,
+    REQUIRED,
+    STR,
+    Doubt,
+    Quick,
     build,
     quick_records,
     quick_strs,

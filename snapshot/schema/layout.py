@@ -9,16 +9,10 @@ from typing import Any
 
 from snapshot.errors import ManifestError
 from snapshot.schema._fields import (
-    BOOL,
-    COUNT,
     EVEN_BATCHES,
     MAX_COUNT,
-    REQUIRED,
     SEED_SOURCES,
     SHARDED_SERVICES,
-    STR,
-    Doubt,
-    Quick,
     T,
     _bool,
     _choice,
@@ -30,6 +24,14 @@ from snapshot.schema._fields import (
     _seed,
     _str,
     _texts,
+)
+from snapshot.schema._quick import (
+    BOOL,
+    COUNT,
+    REQUIRED,
+    STR,
+    Doubt,
+    Quick,
     build,
     quick_choice,
     quick_int,

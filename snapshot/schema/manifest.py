@@ -11,11 +11,7 @@ from typing import Any
 from snapshot.errors import ManifestError
 from snapshot.schema._fields import (
     FORMAT_VERSION,
-    REQUIRED,
     SHARDED_SERVICES,
-    STR,
-    Doubt,
-    Quick,
     _fail,
     _Fields,
     _int,
@@ -25,13 +21,19 @@ from snapshot.schema._fields import (
     _str,
     _texts,
     check_format,
+)
+from snapshot.schema._lazy import index_shards, index_upstream, missing, unknown_node, upstream_shards
+from snapshot.schema._metadata import METADATA_LIMIT, _metadata, check_metadata  # noqa: F401 (their home before)
+from snapshot.schema._quick import (
+    REQUIRED,
+    STR,
+    Doubt,
+    Quick,
     quick_copy,
     quick_optional,
     quick_records,
     quick_texts,
 )
-from snapshot.schema._lazy import index_shards, index_upstream, missing, unknown_node, upstream_shards
-from snapshot.schema._metadata import METADATA_LIMIT, _metadata, check_metadata  # noqa: F401 (their home before)
 from snapshot.schema.graph import GraphDesc, quick_graph
 from snapshot.schema.layout import (
     LoaderPosition,
@@ -284,15 +286,19 @@ class Manifest:
         service = state.service
         if service is not None and self.service.name in SHARDED_SERVICES:  # else a wrapper (sequential) or the user's
             pairs.append(("service.name", self.service.name, service.service))
-        layout = {} if service is None else service.layout_record().layout if service.service == self.service.name \
-            else ServiceLayout.from_dict({"name": self.service.name, **service.layout}, "state.service.layout").layout
-        pairs.append(("service", self.service.layout, layout))
+        if service is None or service.service != self.service.name or service.layout_record() != self.service:
+            # the records differ (or cannot be compared): their layouts, to say how
+            layout = {} if service is None else service.layout_record().layout \
+                if service.service == self.service.name else \
+                ServiceLayout.from_dict({"name": self.service.name, **service.layout}, "state.service.layout").layout
+            pairs.append(("service", self.service.layout, layout))
         records = () if service is None else service.shards
         pairs.append(("upstream", len(self.upstream), 0 if service is None else len(service.upstream)))
         pairs.append(("shards", len(self.shards), len(records)))
-        for i, (shard, record) in enumerate(zip(self.shards, records)):
-            pairs.append((f"shards[{i}]", shard is None, record is None))
-            if shard is not None and record is not None:
+        for i, (shard, record) in enumerate(zip(self.shards, records)):  # named only where they differ
+            if (shard is None) != (record is None):
+                pairs.append((f"shards[{i}]", shard is None, record is None))
+            elif shard is not None and record is not None and shard.yielded != record.yielded:
                 pairs.append((f"shards[{i}].yielded", shard.yielded, record.yielded))
         for where, shown, saved in pairs:
             if shown != saved:

@@ -8,11 +8,6 @@ from typing import Any
 
 from snapshot.errors import ManifestError
 from snapshot.schema._fields import (
-    COUNT,
-    REQUIRED,
-    STR,
-    Doubt,
-    Quick,
     _choice,
     _counts,
     _fail,
@@ -21,6 +16,13 @@ from snapshot.schema._fields import (
     _records,
     _sha256,
     _str,
+)
+from snapshot.schema._quick import (
+    COUNT,
+    REQUIRED,
+    STR,
+    Doubt,
+    Quick,
     quick_choice,
     quick_counts,
     quick_records,

@@ -8,16 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from snapshot.schema._fields import (
-    BOOL,
-    COUNT,
     MAX_COUNT,
-    REQUIRED,
     RESTORE_METHODS,
     SHARD_FINISHED,
     SHARD_PRODUCED_ALL,
-    STR,
-    Doubt,
-    Quick,
     _bool,
     _by_path,
     _choice,
@@ -27,6 +21,14 @@ from snapshot.schema._fields import (
     _records,
     _str,
     _texts,
+)
+from snapshot.schema._quick import (
+    BOOL,
+    COUNT,
+    REQUIRED,
+    STR,
+    Doubt,
+    Quick,
     quick_by_path,
     quick_choice,
     quick_ints,

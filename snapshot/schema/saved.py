@@ -8,15 +8,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from snapshot.schema._fields import (
-    ANY,
-    BOOL,
-    COUNT,
     MAX_COUNT,
-    REQUIRED,
     SHARDED_SERVICES,
-    STR,
-    Doubt,
-    Quick,
     _bool,
     _fail,
     _Fields,
@@ -28,6 +21,15 @@ from snapshot.schema._fields import (
     _records,
     _seed,
     _str,
+)
+from snapshot.schema._quick import (
+    ANY,
+    BOOL,
+    COUNT,
+    REQUIRED,
+    STR,
+    Doubt,
+    Quick,
     build,
     quick_copy,
     quick_int,

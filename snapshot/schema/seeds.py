@@ -8,10 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from snapshot.schema._fields import (
-    REQUIRED,
     UINT64_LIMIT,
-    Doubt,
-    Quick,
     _fail,
     _Fields,
     _int,
@@ -20,6 +17,11 @@ from snapshot.schema._fields import (
     _object,
     _records,
     _seed,
+)
+from snapshot.schema._quick import (
+    REQUIRED,
+    Doubt,
+    Quick,
     quick_records,
     quick_seed,
 )
@@ -94,22 +96,26 @@ def _philox(value: Any, where: str) -> dict[str, Any]:
             "cached": f.get("cached", _words_of(2), None), "spawn_key": f.required("spawn_key", _words_of(2))}
 
 
-def _quick_words(value: Any, count: int) -> list[int]:
-    if type(value) is not list or len(value) != count:
-        raise Doubt
-    for word in value:
-        if type(word) is not int or not 0 <= word < 2**32:
-            raise Doubt
-    return list(value)
-
-
 def _quick_philox(value: Any) -> dict[str, Any]:
+    """``_philox`` of a stream whose words are plain ints (each list checked in one pass, no call per list)."""
     if type(value) is not dict:
         raise Doubt
-    cached = value.get("cached")
-    return {"key": _quick_words(value.get("key"), 2), "counter": _quick_words(value.get("counter"), 4),
-            "cached": None if cached is None else _quick_words(cached, 2),
-            "spawn_key": _quick_words(value.get("spawn_key"), 2)}
+    out = {"key": value.get("key"), "counter": value.get("counter"), "cached": value.get("cached"),
+           "spawn_key": value.get("spawn_key")}
+    for name, count in _PHILOX_WORDS:
+        words = out[name]
+        if words is None and name == "cached":
+            continue
+        if type(words) is not list or len(words) != count:
+            raise Doubt
+        for word in words:
+            if type(word) is not int or not 0 <= word < 2**32:
+                raise Doubt
+        out[name] = list(words)
+    return out
+
+
+_PHILOX_WORDS = (("key", 2), ("counter", 4), ("cached", 2), ("spawn_key", 2))
 
 
 def _quick_generator(value: Any) -> dict[str, Any]:

@@ -31,15 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from snapshot.schema._fields import (
-    ANY,
-    BOOL,
-    COUNT,
     MAX_COUNT,
     SHARD_FINISHED,
     SHARD_PRODUCED_ALL,
-    STR,
-    Doubt,
-    Quick,
     _bool,
     _by_path,
     _Fields,
@@ -49,6 +43,14 @@ from snapshot.schema._fields import (
     _object,
     _records,
     _str,
+)
+from snapshot.schema._quick import (
+    ANY,
+    BOOL,
+    COUNT,
+    STR,
+    Doubt,
+    Quick,
     quick_by_path,
     quick_copy,
     quick_ints,

@@ -18,7 +18,7 @@ from typing import Any
 from snapshot import _progress, schema
 from snapshot.container import _parts, format
 from snapshot.container.capture import LoaderState, Snapshot
-from snapshot.errors import ManifestError
+from snapshot.errors import ManifestError, SnapshotFileError
 from snapshot.storage import _atomic, _failures, _fsspec, _object_directory, _sources, _stream, multipart
 
 __all__ = ["is_directory", "load", "merge_parts", "save", "write"]
@@ -147,6 +147,15 @@ def load(src: Any, *, key: bytes | str | None = None, allow_pickle: bool = False
     trusted = bool(allow_pickle) or format.resolve_key(key) is not None
     if key is not None and not isinstance(key, (bytes, str)):
         raise TypeError(f"key must be bytes or str, not {type(key).__name__}")
+    if isinstance(src, (str, os.PathLike)) and not _fsspec.is_url(src):
+        try:
+            snap = _sources.read_snapshot(src, key=key, trusted=trusted)  # decoded as it is read: one copy
+        except SnapshotFileError:
+            if not multipart.is_directory_snapshot(src):  # asked only now: a file's restore makes no stat call
+                raise
+        else:
+            _check_state(snap, snap.info, os.fspath(src))
+            return snap
     if not isinstance(src, (str, os.PathLike, bytes, bytearray, memoryview, Mapping)) \
             and not callable(getattr(src, "read", None)):
         raise TypeError(f"snapshot.load() reads {_LOADABLE}; got a {type(src).__name__}")
@@ -163,10 +172,6 @@ def load(src: Any, *, key: bytes | str | None = None, allow_pickle: bool = False
     elif isinstance(src, (bytes, bytearray, memoryview)):
         container = format.unpack(bytes(src), source="<bytes>", key=key)
         source = "<bytes>"
-    elif isinstance(src, (str, os.PathLike)) and not _fsspec.is_url(src):
-        snap = _sources.read_snapshot(src, key=key, trusted=trusted)  # decoded as it is read: one copy
-        _check_state(snap, snap.info, os.fspath(src))
-        return snap
     else:
         try:
             container = _sources.read_container(src, key=key)

@@ -5,8 +5,10 @@ command; checking and decoding the container is :mod:`snapshot.format`'s."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import io
 import os
+import stat
 from typing import IO, Any
 
 from snapshot.container import _payload, format
@@ -92,14 +94,41 @@ def read_snapshot(path: str | os.PathLike[str], *, key: bytes | str | None = Non
     restore holds one copy of the state; any other payload, and a small file, is read, checked, then decoded."""
     source = os.fspath(path)
     try:
-        with open(path, "rb") as f:
-            total = os.fstat(f.fileno()).st_size
-            if total > _AT_ONCE:
-                return _read_large(f, total, source, key=key, trusted=trusted)
-            data = f.read()
+        # a small regular file in three calls (open, fstat, read): open() and read() of a file object take
+        # more (each asks the size again), which counts in a small restore
+        fd = os.open(source, os.O_RDONLY | _BINARY)
+        try:
+            info = os.fstat(fd)
+            if stat.S_ISDIR(info.st_mode):
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), source)
+            data = _read_all(fd, info.st_size) if stat.S_ISREG(info.st_mode) and info.st_size <= _AT_ONCE else None
+            if data is None:  # a large file, or a pipe or device (read to its end)
+                with open(fd, "rb", closefd=False) as f:
+                    total = info.st_size
+                    if total > _AT_ONCE:
+                        return _read_large(f, total, source, key=key, trusted=trusted)
+                    data = f.read()
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise path_error(exc, source) from exc
     return Snapshot.from_container(format.unpack(data, source=source, key=key), source=source, trusted=trusted)
+
+
+_BINARY = getattr(os, "O_BINARY", 0)  # Windows: no newline translation
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    """The bytes of the file ``fd`` of ``size`` bytes, and any it has grown by since (as ``read()`` would)."""
+    data = os.read(fd, size + 1)
+    if len(data) <= size:
+        return data  # a short read of a regular file is its end
+    pieces = [data]
+    while True:
+        more = os.read(fd, 1 << 16)
+        if not more:
+            return b"".join(pieces)
+        pieces.append(more)
 
 
 def _read_large(f: IO[bytes], total: int, source: str, *, key: bytes | str | None, trusted: bool) -> Snapshot:

@@ -1,4 +1,4 @@
-"""The quick reader (``snapshot.schema._fields.Quick``) may refuse more than the precise reader, never accept
+"""The quick reader (``snapshot.schema._quick.Quick``) may refuse more than the precise reader, never accept
 more: on every value the precise reader refuses, the quick one doubts; on every value it accepts, it gives the
 same record, field for field and type for type, sharing the same parts of the input. So ``from_dict`` ends as
 the precise reader alone would, error message and all.
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import snapshot
 from snapshot import schema
-from snapshot.schema import _fields, manifest, saved
+from snapshot.schema import _quick, manifest, saved
 from tests import graphs, helpers
 from tests.schema import test_state_records as records
 
@@ -137,14 +137,14 @@ class _Precise:
     """The precise readers alone: every quick reader doubts."""
 
     def __enter__(self) -> None:
-        self._values = _fields.Quick.values
+        self._saved = _quick.Quick.values, _quick.Quick.__call__
 
-        def doubt(self: Any, value: Any, out: Any = None) -> dict[str, Any]:
-            raise _fields.Doubt
-        _fields.Quick.values = doubt  # type: ignore[method-assign]
+        def doubt(self: Any, value: Any) -> Any:
+            raise _quick.Doubt
+        _quick.Quick.values = _quick.Quick.__call__ = doubt  # type: ignore[method-assign]
 
     def __exit__(self, *exc: Any) -> None:
-        _fields.Quick.values = self._values  # type: ignore[method-assign]
+        _quick.Quick.values, _quick.Quick.__call__ = self._saved  # type: ignore[method-assign]
 
 
 def _outcome(read: Callable[[], Any]) -> tuple[str, Any]:
@@ -211,16 +211,16 @@ def _agree(read: Callable[[Any], Any], quick: Callable[[Any], Any], value: Any) 
         precise = _outcome(lambda: read(value))
     try:
         fast = quick(value)
-    except _fields.Doubt:
-        fast = _fields.Doubt
+    except _quick.Doubt:
+        fast = _quick.Doubt
     outcome = _outcome(lambda: read(value))
     if precise[0] != "value":
-        assert fast is _fields.Doubt, f"the quick reader took what the precise one refuses: {precise[1]}"
+        assert fast is _quick.Doubt, f"the quick reader took what the precise one refuses: {precise[1]}"
         assert outcome == precise
         return False
     assert outcome[0] == "value", outcome
     _same(outcome[1], precise[1])
-    if fast is _fields.Doubt:
+    if fast is _quick.Doubt:
         return False
     _same(fast, precise[1])
     assert _shared(fast, value) == _shared(precise[1], value)
@@ -285,3 +285,28 @@ def test_the_records_test_values_read_quickly_and_the_same(record: Any) -> None:
     with _Precise():
         precise = type(record).from_dict(value)
     _same(type(record).from_dict(value), precise)
+
+
+_SABOTAGE = {"a count may be -1": ("not 0 <= item", "not -1 <= item"),
+             "a bool may be an int": ("type(item) is not bool", "type(item) is not bool and type(item) is not int"),
+             None: ("", "")}
+
+
+@pytest.mark.parametrize("sabotage", list(_SABOTAGE), ids=lambda s: s or "intact")
+def test_a_broken_reader_is_caught(sabotage: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The edits above catch a reader made wrong (and find nothing wrong with one made right)."""
+    made = _quick._reader_source
+    old, new = _SABOTAGE[sabotage]
+    monkeypatch.setattr(_quick, "_reader_source", lambda fields, extra: (made(fields, extra)[0].replace(old, new),
+                                                                         made(fields, extra)[1]))
+    reader = _quick.Quick(schema.LoaderPosition, (("epoch", _quick.quick_int(-1), _quick.REQUIRED),
+                                                  ("yielded", _quick.COUNT, _quick.REQUIRED),
+                                                  ("epoch_finished", _quick.BOOL, _quick.REQUIRED),
+                                                  ("lookahead", _quick.COUNT, 0)))
+    caught = []
+    for what, edited in _edits({"epoch": 0, "yielded": 3, "epoch_finished": False, "lookahead": 1}):
+        try:
+            _agree(schema.LoaderPosition.from_dict, reader.read, edited)
+        except AssertionError:
+            caught.append(what)
+    assert bool(caught) == (sabotage is not None), caught

@@ -10,12 +10,12 @@ on the value msgspec decoded. Anything msgspec refuses (an unknown field of a re
 reads the manifest as before, and the precise reader judges and names what is wrong. So this reader may refuse
 more than the precise one, never accept more (tests/schema/test_native.py holds it to that).
 
-msgspec is optional: without it (or with ``SNAPSHOT_NATIVE=0``) :func:`reader` is ``None``.
+msgspec is a light dependency (one small C wheel); without it :func:`reader` is ``None`` and manifests are read
+in Python as before.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Annotated, Any, Optional
 
@@ -25,7 +25,7 @@ from snapshot.schema._quick import _SHAPES, ANY, BOOL, COUNT, OF_READ, REQUIRED,
 try:
     import msgspec
 except ImportError:  # pragma: no cover - an optional speed-up
-    msgspec = None
+    msgspec = None  # type: ignore[assignment]
 
 __all__ = ["reader"]
 
@@ -160,13 +160,13 @@ class Reader:
 
     def __init__(self, quick: Quick, check: Callable[[Any], Any]) -> None:
         made = _made_of(quick)
-        self._decode = msgspec.json.Decoder(made.struct).decode
+        self._decode: Callable[[bytes], Any] = msgspec.json.Decoder(made.struct).decode
         self._adopt, self._check = made.adopt, check
 
     def read(self, data: bytes) -> Any:
         try:
             decoded = self._decode(data)
-        except (msgspec.DecodeError, RecursionError):
+        except (ValueError, RecursionError, OverflowError):  # msgspec's DecodeError is a ValueError, as is bad UTF-8
             raise Doubt from None
         return self._check(self._adopt(decoded))
 
@@ -175,7 +175,7 @@ def reader(quick: Quick, check: Callable[[Any], Any]) -> Reader | None:
     """The native reader of ``quick``'s records (``check``: the record's cross-checks, Doubt if one fails), or
     ``None`` without msgspec."""
     global _COUNT_TYPE
-    if msgspec is None or os.environ.get("SNAPSHOT_NATIVE") == "0":
+    if msgspec is None:
         return None
     if _COUNT_TYPE is None:
         _COUNT_TYPE = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]

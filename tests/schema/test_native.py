@@ -61,3 +61,10 @@ def test_a_file_read_natively_is_the_file_read_before(monkeypatch: pytest.Monkey
     assert isinstance(before.json, dict)
     quick._same(native.info, before.info)
     assert native.manifest == before.manifest and native.payload == before.payload
+
+
+@pytest.mark.parametrize("data", [b'"\xe6"', b'{"format": 3, "x": "\xed\xa0\x80"}', b"NaN", b"[" * 5000, b"{} x",
+                                  b'{"format": 1e999}', b""])
+def test_what_msgspec_does_not_read_is_doubted(data: bytes) -> None:
+    with pytest.raises(_quick.Doubt):
+        manifest.native_manifest(data)

@@ -37,7 +37,6 @@ nothing of graphs, loaders, storage or pickling.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import hmac
 import io
@@ -305,7 +304,7 @@ def unpack(
     payload = data[poffset:poffset + plen]
     if not hmac.compare_digest(_sha256(payload), pdigest):
         raise _payload_mismatch(poffset, plen, source)
-    return dataclasses.replace(container, payload=payload)
+    return Container(container.json, payload, container.signed, container.size, container.info)
 
 
 class PayloadReader:

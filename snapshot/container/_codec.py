@@ -126,17 +126,21 @@ def _native(value: Any) -> bytes | None:
 
     Those are the bytes the encoder writes for such a value (its walk packs the same items in pieces), without
     its setup and walk: most of the time of a small state. A packer is kept per thread, taken out while it
-    packs (msgpack resets it after a failed ``pack``). A value it refuses (a tuple, a big int, a str with lone
-    surrogates, a cycle, nesting past msgpack's bounds) is the encoder's, which redoes what was packed before
-    it (in C: a fraction of what the walk costs)."""
+    packs (msgpack resets it after a failed ``pack``), and kept only after a small value (its buffer grows to
+    the biggest value it packed). A value it refuses (a tuple, a big int, a str with lone surrogates, a cycle,
+    nesting past msgpack's bounds) is the encoder's, which redoes what was packed before it (in C: a fraction
+    of what the walk costs)."""
     packer = getattr(_packers, "packer", None)
     _packers.packer = None
     if packer is None:
-        packer = msgpack.Packer(default=_refuse, **PACK_OPTIONS)
+        packer = msgpack.Packer(default=_refuse, buf_size=_KEPT, **PACK_OPTIONS)
     try:
         data: bytes = packer.pack(value)
     except (_NotNative, ValueError, TypeError, OverflowError, UnicodeEncodeError, RecursionError):
         return None
-    finally:
+    if len(data) <= _KEPT:
         _packers.packer = packer
     return data
+
+
+_KEPT = 64 * 1024  # the thread's packer starts with this buffer, and is kept only after a value this small

@@ -157,6 +157,8 @@ class Encoder(Extensions):
             self._emit(self._pack(key))
             step[0], step[1] = "value", key
             labels = measure.get(id(item)) if measure else None
+            if labels and not small:  # a node state small but for being measured: packed whole all the same
+                small = fits(item, measure, SMALL, weights, measured=True) >= 0
             start = self._position()
             self._value(item, depth + 1, small)
             for label in labels or ():

@@ -182,3 +182,37 @@ def test_arrays_of_dtypes_without_a_buffer_export_are_filled_too(dtype: Any) -> 
     value = [np.zeros((2, 3), dtype), np.ones(4).astype(dtype)]
     back = decode(encode(value)[0])
     assert all(a.dtype == b.dtype and a.tobytes() == b.tobytes() and b.flags.writeable for a, b in zip(value, back))
+
+
+def test_a_small_measured_node_state_is_packed_whole_and_measured_by_its_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import msgpack
+
+    small, big = {"position": 10, "file": "a.tar"}, {"seen": list(range(40))}
+    body = {"nodes": {"0": {"state": small, "yielded": 1}, "0/x": {"state": big, "yielded": 2}}}
+    walked_dicts: list[int] = []
+    frame = Encoder._frame
+
+    def spy(self: Encoder, value: dict[Any, Any], depth: int) -> None:
+        walked_dicts.append(id(value))
+        frame(self, value, depth)
+
+    monkeypatch.setattr(Encoder, "_frame", spy)
+    pieces: list[Any] = []
+    encoder = Encoder(pieces.append, {id(small): ("small",), id(big): ("big",)})
+    encoder.encode(body, "payload")
+    assert id(small) not in walked_dicts and id(big) in walked_dicts  # a big one is still written as it is walked
+    assert encoder.sizes == {"small": len(msgpack.packb(small)), "big": len(msgpack.packb(big))}
+    assert decode(b"".join(pieces)) == body
+
+
+def test_the_threads_packer_is_not_kept_after_a_big_value() -> None:
+    """msgpack's packer keeps the buffer it grew: one that packed a big value is let go."""
+    encode([1])
+    kept = _codec._packers.packer
+    assert kept is not None and encode(["x" * 100])[0] and _codec._packers.packer is kept
+    encode(["x" * (1 << 20)])
+    assert _codec._packers.packer is None
+    encode((1, 2))  # refused: a new packer, not kept after a value it refused
+    assert _codec._packers.packer is None
+    encode({"a": 1})
+    assert _codec._packers.packer is not None

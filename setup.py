@@ -1,4 +1,4 @@
-"""Packaging for ``snapshot`` (distributed as ``datapipe-snapshot``). Runtime: torch, dill, tqdm and msgpack."""
+"""Packaging for ``snapshot`` (distributed as ``datapipe-snapshot``). Runtime: torch, dill, tqdm, msgpack and msgspec."""
 
 import re
 from pathlib import Path
@@ -77,8 +77,9 @@ setup(
     packages=find_packages(include=["snapshot", "snapshot.*"]),
     package_data={"snapshot": ["py.typed"]},
     # tqdm: progress bars of long restores and saves (pure Python; snapshot runs without it);
-    # msgpack: the state's data encoding (a C extension with wheels for every platform torch has, no deps)
-    install_requires=[TORCH, "dill>=0.3.8", "tqdm>=4.66", "msgpack>=1.0.5,<2"],
+    # msgpack: the state's data encoding (a C extension with wheels for every platform torch has, no deps);
+    # msgspec: reads a manifest in C (snapshot/schema/_native.py; one small wheel, no deps; without it, in Python)
+    install_requires=[TORCH, "dill>=0.3.8", "tqdm>=4.66", "msgpack>=1.0.5,<2", "msgspec>=0.18"],
     extras_require=EXTRAS,
     entry_points={"console_scripts": ["snapshot=snapshot.cli:main"]},
     classifiers=[

@@ -4,13 +4,13 @@ msgpack's C unpacker reads the tree as it comes (from a file, a chunk at a time:
 whole), with exact limits; this module's ``ext_hook`` builds only the types of the codec's ext table,
 from checked fields: it never imports a module, looks up an attribute or calls anything that the bytes
 name. An array or a tensor is allocated when its descriptor is read (never more bytes than the data
-holds) and filled from the bytes after the tree, read straight into its memory: decoding holds one copy
-of the state. Every malformed input raises :class:`~snapshot.errors.CorruptSnapshotError`.
+holds) and filled from the bytes after the tree, read straight into its memory (or copied from the data in
+memory where it is): decoding holds one copy of the state. Every malformed input raises
+:class:`~snapshot.errors.CorruptSnapshotError`.
 """
 
 from __future__ import annotations
 
-import functools
 import struct
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -30,6 +30,10 @@ _READ_SIZE = 256 * 1024
 _BROKEN = (ValueError, TypeError, KeyError, IndexError, OverflowError, struct.error, RuntimeError, MemoryError,
            RecursionError)
 _HINT = "; the payload is damaged or was not written by this version of snapshot"
+#: :func:`decode` takes a value of at most this many bytes in one call of msgpack (which copies the bytes after
+#: the tree); a bigger one is read as a stream, its arrays filled from the data itself.
+_AT_ONCE = 1 << 20
+_AGAIN = object()  # what _at_once returns for a value to decode again as a stream
 
 
 class Reader(Protocol):
@@ -96,42 +100,14 @@ class Decoder(ExtValues):
         self._pending: list[tuple[memoryview, int]] = []  # arrays and tensors to fill, in order
         self._pending_bytes = 0
         self._descriptors: dict[bytes, tuple[Any, tuple[int, ...], int]] = {}
-        self._options = {**types.UNPACK_OPTIONS, "ext_hook": self._ext}
-
-    @functools.cached_property
-    def _hooks(self) -> dict[int, Callable[[bytes], Any]]:  # type: ignore[override]
-        """What builds each ext type: made at the first ext value (a small state has none)."""
-        return {
-            types.TUPLE: self._tuple, types.SET: self._set, types.FROZENSET: self._frozenset,
-            types.BIGINT: lambda data: int.from_bytes(data, "little", signed=True), types.COMPLEX: self._complex,
-            types.BYTEARRAY: bytearray, types.DEQUE: self._deque, types.RANGE: self._range,
-            types.DEFAULTDICT: self._defaultdict, types.CHUNK: self._chunk, types.ARRAY: self._array,
-            types.NUMPY_SCALAR: self._numpy_scalar, types.TENSOR: self._tensor, types.PICKLED: self._pickle,
-            types.ROWS: self._rows}
 
     def next(self) -> Any:
         """The next value (its arrays filled)."""
-        reader = self.reader
-        if isinstance(reader, MemoryReader) and not self._ahead:  # at once: msgpack's unpackb starts sooner
-            start = reader.offset
-            try:
-                value, ahead = msgpack.unpackb(reader.view[start:], **self._options), b""
-            except msgpack.ExtraData as extra:  # the bytes after the tree: buffers (or the next value)
-                value, ahead = extra.unpacked, extra.extra
-            except (CallerError, SnapshotError, Corrupt, *_BROKEN):
-                return self._streamed()  # the same, read as a stream, names what is wrong and where
-            reader.offset = len(reader.view)
-            self.position += len(reader.view) - start - len(ahead)
-            self._fill(ahead)
-            return value
-        return self._streamed()
-
-    def _streamed(self) -> Any:
         self._pending, self._pending_bytes = [], 0
         counting = _Counting(self._ahead, self.reader)
         left = max(self.limit - self.position, 1)
         unpacker = msgpack.Unpacker(counting, read_size=min(_READ_SIZE, left), max_buffer_size=left,
-                                    **self._options)
+                                    ext_hook=self._ext, **types.UNPACK_OPTIONS)
         try:
             try:
                 value = unpacker.unpack()
@@ -155,14 +131,21 @@ class Decoder(ExtValues):
 
     def _fill(self, ahead: bytes) -> None:
         """Read the bytes after the tree into the arrays and tensors it described, in order (``ahead``:
-        those msgpack read already)."""
+        those msgpack read already; then bytes in memory are copied from where they are)."""
         pending, self._pending, self._pending_bytes = self._pending, [], 0
-        head = memoryview(ahead)
+        head, used = memoryview(ahead), 0
+        memory = self.reader if isinstance(self.reader, MemoryReader) else None
         for target, size in pending:
-            taken = min(size, len(head))
-            target[:taken] = head[:taken]
-            head = head[taken:]
-            got = taken
+            got = 0
+            if used < len(head):
+                got = min(size, len(head) - used)
+                target[:got] = head[used:used + got]
+                used += got
+            if got < size and memory is not None and memory.offset + size - got <= len(memory.view):
+                start = memory.offset
+                memory.offset = end = start + size - got
+                target[got:] = memory.view[start:end]
+                got = size
             while got < size:
                 count = self.reader.readinto(target[got:])
                 if not count:
@@ -170,7 +153,7 @@ class Decoder(ExtValues):
                                         f"({got} read)", self.position + got)
                 got += count
             self.position += size
-        self._ahead = bytes(head)
+        self._ahead = bytes(head[used:])
 
     def _corrupt(self, message: str, offset: int) -> CorruptSnapshotError:
         return CorruptSnapshotError(message + _HINT, source=self._name, offset=offset)
@@ -183,6 +166,10 @@ def decode(data: bytes | bytearray | memoryview, *, pickled: Callable[[int], Any
     ``pickled(index)`` returns each value stored pickled (the encoder's ``pickled[index]``); without it
     a pickled value raises :class:`~snapshot.errors.UntrustedStateError`.
     """
+    if len(data) <= _AT_ONCE:
+        value = _at_once(data, pickled, source)
+        if value is not _AGAIN:
+            return value
     decoder = Decoder(data, pickled=pickled, name=source)
     try:
         value = decoder.next()
@@ -190,7 +177,50 @@ def decode(data: bytes | bytearray | memoryview, *, pickled: Callable[[int], Any
         if left:
             raise decoder._corrupt(f"{left} bytes follow the value, which ends here", decoder.position)
     finally:
-        reader = decoder.reader
-        if isinstance(reader, MemoryReader):
-            reader.view.release()  # a memory map can close when decode returns, even after an error
+        _release(decoder)
     return value
+
+
+class _Exts:
+    """The ``ext_hook`` of a value decoded at once: the decoder (its checks, the arrays to fill) is made at the
+    first ext value, which a state of msgpack's own types never meets."""
+
+    __slots__ = ("data", "pickled", "source", "decoder")
+
+    def __init__(self, data: Any, pickled: Callable[[int], Any] | None, source: str) -> None:
+        self.data, self.pickled, self.source = data, pickled, source
+        self.decoder: Decoder | None = None
+
+    def __call__(self, code: int, body: bytes) -> Any:
+        if self.decoder is None:
+            self.decoder = Decoder(self.data, pickled=self.pickled, name=self.source)
+        return self.decoder._ext(code, body)
+
+
+def _at_once(data: Any, pickled: Callable[[int], Any] | None, source: str) -> Any:
+    """``data``'s value in one call of msgpack, its arrays then filled; ``_AGAIN`` when it does not decode so
+    (damaged, or bytes after it): :func:`decode` reads it again as a stream, whose error names what is wrong
+    and where."""
+    exts = _Exts(data, pickled, source)
+    try:
+        try:
+            value, ahead = msgpack.unpackb(data, ext_hook=exts, **types.UNPACK_OPTIONS), b""
+        except msgpack.ExtraData as extra:  # the bytes of the arrays after the tree
+            value, ahead = extra.unpacked, extra.extra
+        except (CallerError, SnapshotError, Corrupt, *_BROKEN):
+            return _AGAIN
+        decoder = exts.decoder
+        if decoder is None:
+            return _AGAIN if ahead else value
+        decoder.position = decoder.limit - len(ahead)
+        decoder.reader.offset = decoder.limit  # type: ignore[attr-defined]  # a MemoryReader: all read
+        decoder._fill(ahead)
+        return _AGAIN if decoder._ahead else value
+    finally:
+        _release(exts.decoder)
+
+
+def _release(decoder: Decoder | None) -> None:
+    reader = decoder.reader if decoder is not None else None
+    if isinstance(reader, MemoryReader):
+        reader.view.release()  # a memory map can close when decode returns, even after an error

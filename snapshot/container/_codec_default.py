@@ -16,11 +16,14 @@ from typing import Any
 import msgpack
 
 from snapshot.container import _codec_types as types
-from snapshot.container._codec_places import Rows, TooDeep
+from snapshot.container._codec_places import NotData, Rows, TooDeep
 
-__all__ = ["Extensions"]
+__all__ = ["HANDLERS", "Extensions"]
 
 _COMPLEX = struct.Struct("<dd")
+#: A packer's first buffer (msgpack's default, 256 KiB, is a fresh mapping of memory for each packer made; it
+#: grows as it needs)
+_BUFFER = 16 * 1024
 _ext = msgpack.ExtType
 _new = tuple.__new__  # an ExtType without its checks in Python (the code and bytes are ours)
 
@@ -30,39 +33,29 @@ class Extensions:
     into an ext value (its items packed by a packer of the next level), names it as not data (pickled
     apart), or sets its bytes aside to follow the tree (arrays and tensors)."""
 
-    _handlers: dict[type, Callable[[Any], Any]]
+    _handlers: dict[type, Callable[[Any, Any], Any]]  # functions of (encoder, value): no bound method (no cycle)
     _packers: list[msgpack.Packer]
     _surrogates: bool
     _depth: int
     _objects: list[Any]
     _buffers: list[Any]
     _buffered: int
+    _arrays: dict[tuple[Any, tuple[int, ...]], Any]  # the ext value of an array, by its dtype and shape
 
     def _default(self, value: Any) -> Any:
+        if type(value) is tuple:  # the most common, without a call more
+            return _new(_ext, (types.TUPLE, self._nested(list(value))))
         handler = self._handlers.get(type(value))
         if handler is None:
-            handler = self._handlers[type(value)] = self._classify(type(value))
-        return handler(value)
-
-    def _classify(self, kind: type) -> Callable[[Any], Any]:
-        numpy = types.numpy_module()
-        if numpy is not None and kind is numpy.ndarray:
-            return self._array
-        if numpy is not None and issubclass(kind, numpy.generic):
-            return self._numpy_scalar
-        torch = sys.modules.get("torch")
-        if torch is not None and kind is torch.Tensor:
-            return self._tensor
-        if torch is not None and kind is _data_chunk():
-            return self._chunk
-        return self._pickle
+            handler = self._handlers[type(value)] = _classify(type(value))
+        return handler(self, value)
 
     def _packer(self) -> msgpack.Packer:
         # msgpack packs a str by its fast UTF-8 path unless told how to treat lone surrogates; then it
         # encodes each str through Python's codec (1.6x the time of a list of paths): a packer says so
         # only once a str that needs it was met (the bytes of any other str are the same either way)
         options = types.SURROGATES if self._surrogates else types.PACK_OPTIONS
-        return msgpack.Packer(default=self._default, **options)
+        return msgpack.Packer(default=self._default, buf_size=_BUFFER, **options)
 
     def _nested(self, items: Any) -> bytes:
         """``items`` packed as the body of an ext value (by a packer of the next level: msgpack's own
@@ -125,13 +118,19 @@ class Extensions:
         return _new(_ext, (types.CHUNK, self._nested(list(value))))
 
     def _array(self, value: Any) -> Any:
-        descr = types.array_descr(value.dtype)
-        if descr is None or (value.dtype.itemsize == 0 and value.size):
-            return self._pickle(value)
-        body = self._nested([descr, list(value.shape), value.nbytes])
+        dtype = value.dtype
+        key = (dtype, value.shape)  # a buffer of samples: many arrays of one dtype and shape, one descriptor
+        ext = self._arrays.get(key) if dtype.metadata is None else None
+        if ext is None:
+            descr = types.array_descr(dtype)
+            if descr is None or (dtype.itemsize == 0 and value.size):
+                return self._pickle(value)
+            ext = _new(_ext, (types.ARRAY, self._nested([descr, list(value.shape), value.nbytes])))
+            if len(self._arrays) < 256:
+                self._arrays[key] = ext
         self._buffers.append(value)
         self._buffered += value.nbytes
-        return _new(_ext, (types.ARRAY, body))
+        return ext
 
     def _numpy_scalar(self, value: Any) -> Any:
         array = types.numpy_module().asarray(value)
@@ -155,6 +154,28 @@ class Extensions:
         self._buffers.append(flat)
         self._buffered += flat.numel()
         return _new(_ext, (types.TENSOR, body))
+
+
+def _classify(kind: type) -> Callable[[Any, Any], Any]:
+    numpy = types.numpy_module()
+    if numpy is not None and kind is numpy.ndarray:
+        return Extensions._array
+    if numpy is not None and issubclass(kind, numpy.generic):
+        return Extensions._numpy_scalar
+    torch = sys.modules.get("torch")
+    if torch is not None and kind is torch.Tensor:
+        return Extensions._tensor
+    if torch is not None and kind is _data_chunk():
+        return Extensions._chunk
+    return Extensions._pickle
+
+
+#: What the encoder's ``default`` does with each type msgpack has no type for (more are added as they are met).
+HANDLERS: dict[type, Callable[[Any, Any], Any]] = {
+    tuple: Extensions._tuple, set: Extensions._set, frozenset: Extensions._frozenset, int: Extensions._bigint,
+    complex: Extensions._complex, bytearray: Extensions._bytearray, deque: Extensions._deque,
+    range: Extensions._range, defaultdict: Extensions._defaultdict, Rows: Extensions._rows,
+    NotData: lambda encoder, wrapped: encoder._pickle(wrapped.value)}
 
 
 def _data_chunk() -> type:

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import itertools
 import struct
-from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgpack
 
 from snapshot.container import _codec_types as types
-from snapshot.container._codec_default import Extensions
+from snapshot.container._codec_default import HANDLERS, Extensions
 from snapshot.container._codec_places import NotData, Rows, TooDeep, bounded, cycles, find, where
 from snapshot.container._codec_shapes import SMALL, fits, rows
 
@@ -47,21 +46,28 @@ class Encoder(Extensions):
     each of its labels, as it is written.
 
     Array and tensor bytes reach ``write`` as views of the value's own memory after the tree: a
-    ``write`` that keeps what it is given must be done with it before the value changes. After an
+    ``write`` that keeps what it is given must be done with it before the value changes. Small pieces
+    are gathered into buffers of 64 KiB first, unless ``buffered`` is false: then each piece goes to
+    ``write`` as it is made (for a ``write`` that keeps the pieces and joins them once). After an
     exception (from ``write``, say) the stream is incomplete and the encoder is not to be reused.
     """
 
     def __init__(self, write: Callable[[bytes | memoryview], Any],
-                 measure: dict[int, tuple[Any, ...]] | None = None, *, frame: int = SPINE) -> None:
+                 measure: dict[int, tuple[Any, ...]] | None = None, *, frame: int = SPINE,
+                 buffered: bool = True) -> None:
         self.pickled: list[tuple[str, Any]] = []
         self.written = 0
         self.sizes: dict[Any, int] = {}
         self._measure = measure or {}
-        self._spine = frame  # the levels of the frame (0: a value that is not a payload is packed at once)
+        # the levels of the frame (0: the value's own dict only, its lists of tuples by rows; -1: no walk, the
+        # value packed in one call)
+        self._spine = frame
         self._write = write
+        self._flush_at = _FLUSH_AT if buffered else 0
         self._buffer = bytearray()
         self._buffers: list[Any] = []  # arrays and flat tensors whose bytes follow the tree, in order
         self._buffered = 0  # their bytes, not yet written
+        self._arrays = {}
         self._objects: list[Any] = []  # the values not data, by index (``pickled`` names them)
         self._surrogates = False  # whether a str with lone surrogates was met (see _packer)
         self._packers = [self._packer()]
@@ -70,10 +76,7 @@ class Encoder(Extensions):
         self._path: list[list[Any]] = []
         self._active: set[int] = set()  # the frame's containers being written (a cycle is not data)
         self._weights: dict[int, int] = {}  # the items of the frame's dicts and lists, counted once (see fits)
-        self._handlers: dict[type, Callable[[Any], Any]] = {
-            tuple: self._tuple, set: self._set, frozenset: self._frozenset, int: self._bigint,
-            complex: self._complex, bytearray: self._bytearray, deque: self._deque, range: self._range,
-            defaultdict: self._defaultdict, NotData: lambda wrapped: self._pickle(wrapped.value), Rows: self._rows}
+        self._handlers = dict(HANDLERS)
 
     def encode(self, value: Any, where: str = "state") -> None:
         """Append ``value`` to the stream (its tree, then its arrays' bytes); ``where`` names it in
@@ -90,11 +93,21 @@ class Encoder(Extensions):
             self._write_buffer(item)
         self._flush()
 
+    def close(self) -> None:
+        """Done with this encoder: its packers, which hold it (their ``default``), let go of it, so that it is
+        freed at once, not by the garbage collector."""
+        self._packers.clear()
+
     # the tree --------------------------------------------------------------------------------------
 
     def _value(self, value: Any, depth: int, small: bool | None = None) -> None:
         kind = type(value)
-        if small is None:
+        if small is None and self._spine < 0:  # no walk: packed in one call, but a list of tuples by rows
+            if kind is list and rows(value):
+                self._emit_rows(value)
+                return
+            small = True
+        elif small is None:
             small = (kind is dict or kind is list) and fits(value, self._measure, SMALL, self._weights) >= 0
         if small:
             self._emit(self._pack(value))  # the same bytes as walked, in one call
@@ -144,6 +157,8 @@ class Encoder(Extensions):
             self._emit(self._pack(key))
             step[0], step[1] = "value", key
             labels = measure.get(id(item)) if measure else None
+            if labels and not small:  # a node state small but for being measured: packed whole all the same
+                small = fits(item, measure, SMALL, weights, measured=True) >= 0
             start = self._position()
             self._value(item, depth + 1, small)
             for label in labels or ():
@@ -232,7 +247,7 @@ class Encoder(Extensions):
         self._depth = 0
 
     def _emit(self, data: bytes | memoryview) -> None:
-        if len(data) >= _FLUSH_AT:
+        if len(data) >= self._flush_at:
             self._flush()
             self._write(data)
             self.written += len(data)

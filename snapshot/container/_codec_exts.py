@@ -19,7 +19,7 @@ import msgpack
 from snapshot.container import _codec_types as types
 from snapshot.errors import UntrustedStateError
 
-__all__ = ["CallerError", "Corrupt", "ExtValues", "shown"]
+__all__ = ["HOOKS", "CallerError", "Corrupt", "ExtValues", "shown"]
 
 _COMPLEX = struct.Struct("<dd")
 
@@ -43,8 +43,6 @@ class ExtValues:
 
     limit: int
     position: int
-    _hooks: dict[int, Callable[[bytes], Any]]
-    _options: dict[str, Any]
     _depth: int
     _pickled: Callable[[int], Any] | None
     _name: str
@@ -53,10 +51,12 @@ class ExtValues:
     _descriptors: dict[bytes, tuple[Any, tuple[int, ...], int]]
 
     def _ext(self, code: int, data: bytes) -> Any:
-        handler = self._hooks.get(code)
+        if code == types.TUPLE:  # the most common, without a call more
+            return tuple(self._items(data, "tuple"))
+        handler = HOOKS.get(code)
         if handler is None:
             raise Corrupt(f"a value of unknown ext type {code}")
-        return handler(data)
+        return handler(self, data)
 
     def _items(self, data: bytes, what: str) -> list[Any]:
         """The list an ext value's bytes hold (decoded by msgpack, with this decoder's ext types)."""
@@ -64,7 +64,7 @@ class ExtValues:
             raise Corrupt(f"a {what} nested deeper than {types.MAX_DEPTH} levels")
         self._depth += 1
         try:
-            items = msgpack.unpackb(data, **self._options)
+            items = msgpack.unpackb(data, ext_hook=self._ext, **types.UNPACK_OPTIONS)
         finally:
             self._depth -= 1
         if type(items) is not list:
@@ -161,12 +161,13 @@ class ExtValues:
             known = self._descriptor(data)
             if len(self._descriptors) < 256:
                 self._descriptors[data] = known
-        dtype, shape, size = known
-        self._reserve(size, size, lambda: f"an array of shape {shape} and dtype {dtype}")
+        dtype, shape, size = known  # size: checked against dtype and shape by _descriptor
+        if self._pending_bytes + size > self.limit - self.position:
+            raise Corrupt(f"an array of shape {shape} and dtype {dtype} of {size} bytes, more than the data holds")
         array = numpy.empty(shape, dtype)
         if size:
-            flat: Any = array.reshape(-1).view(numpy.uint8)
-            self._pending.append((memoryview(flat), size))
+            self._pending_bytes += size
+            self._pending.append((_bytes_of(array), size))
         return array
 
     def _descriptor(self, data: bytes) -> tuple[Any, tuple[int, ...], int]:
@@ -211,6 +212,27 @@ class ExtValues:
         else:
             tensor = torch.empty(shape, dtype=dtype)
         return tensor.requires_grad_() if requires_grad else tensor
+
+
+#: What each ext type of the tree decodes to: functions of (decoder, body), none bound (no cycle to collect).
+HOOKS: dict[int, Callable[[Any, bytes], Any]] = {
+    types.TUPLE: ExtValues._tuple, types.SET: ExtValues._set, types.FROZENSET: ExtValues._frozenset,
+    types.BIGINT: lambda _, data: int.from_bytes(data, "little", signed=True), types.COMPLEX: ExtValues._complex,
+    types.BYTEARRAY: lambda _, data: bytearray(data), types.DEQUE: ExtValues._deque, types.RANGE: ExtValues._range,
+    types.DEFAULTDICT: ExtValues._defaultdict, types.CHUNK: ExtValues._chunk, types.ARRAY: ExtValues._array,
+    types.NUMPY_SCALAR: ExtValues._numpy_scalar, types.TENSOR: ExtValues._tensor, types.PICKLED: ExtValues._pickle,
+    types.ROWS: ExtValues._rows}
+
+
+def _bytes_of(array: Any) -> memoryview:
+    """The memory of a new (C-contiguous) array, as bytes to fill."""
+    try:
+        return memoryview(array).cast("B")  # a third of the time of a view as uint8
+    except (ValueError, TypeError, NotImplementedError, BufferError):  # a dtype numpy exports no buffer of (times)
+        import numpy
+
+        flat: Any = array.reshape(-1).view(numpy.uint8)
+        return memoryview(flat)
 
 
 def _dtype(descr: Any, what: str) -> Any:

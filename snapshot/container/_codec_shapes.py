@@ -19,7 +19,8 @@ BIG = SMALL + 1  # the weight of a value that is not small (see fits)
 KEYS = frozenset({str, *SCALARS})  # the keys of a small dict
 
 
-def fits(value: Any, measure: dict[int, Any], left: int, weights: dict[int, int] | None = None) -> int:
+def fits(value: Any, measure: dict[int, Any], left: int, weights: dict[int, int] | None = None, *,
+         measured: bool = False) -> int:
     """``left`` less the items of ``value``, or -1 unless ``value`` is small: a scalar, a str or bytes of at
     most ``PLAIN_TEXT`` bytes, or a list (of at most ``ROWS`` items) or dict (str or scalar keys) of small
     values, ``left`` items in all, none of them measured. A small value packed whole is packed as the frame
@@ -28,8 +29,8 @@ def fits(value: Any, measure: dict[int, Any], left: int, weights: dict[int, int]
 
     ``weights`` keeps the items counted in each dict and list met, by ``id`` (while its values live and do
     not change), so that the frame's walk, which asks about a dict and then about each of its items, counts
-    each one once."""
-    if id(value) in measure:
+    each one once. ``measured``: ``value`` itself may be measured (packed whole, its size is its bytes)."""
+    if not measured and id(value) in measure:
         return -1
     kind = type(value)
     if kind in SCALARS or (kind in TEXTS and len(value) <= PLAIN_TEXT):

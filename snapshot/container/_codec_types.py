@@ -175,8 +175,8 @@ TUPLE, SET, FROZENSET, BIGINT, COMPLEX, BYTEARRAY, DEQUE, RANGE = 1, 2, 3, 4, 5,
 DEFAULTDICT, CHUNK, ARRAY, NUMPY_SCALAR, TENSOR, PICKLED, ROWS = 9, 10, 11, 12, 13, 14, 15
 #: The options both halves give msgpack: exact types (a subclass, a tuple, is not taken for a list or a
 #: str), binary for bytes, any Python str (lone surrogates too: the encoder packs with ``SURROGATES``
-#: once it meets one, the decoder always reads them).
+#: once it meets one, the decoder always reads them). Strs as str and arrays as lists (``raw=False``,
+#: ``use_list=True``) are msgpack's defaults since 1.0: not passed again (each keyword costs every call).
 PACK_OPTIONS: dict[str, Any] = {"strict_types": True, "use_bin_type": True}
 SURROGATES: dict[str, Any] = {**PACK_OPTIONS, "unicode_errors": "surrogatepass"}
-UNPACK_OPTIONS: dict[str, Any] = {"raw": False, "use_list": True, "strict_map_key": False,
-                                  "unicode_errors": "surrogatepass"}
+UNPACK_OPTIONS: dict[str, Any] = {"strict_map_key": False, "unicode_errors": "surrogatepass"}

@@ -101,7 +101,7 @@ def read_manifest(state: Any, *, source: str = "<state_dict>", key: bytes | str 
     except UnicodeEncodeError as exc:
         raise CorruptSnapshotError("the state dict's manifest is not valid text", source=source) from exc
     manifest = _parse_json(manifest_bytes, source)
-    _check_version(manifest, version, source)
+    _check_version(manifest[FORMAT], version, source)
     secret = resolve_key(key)
     signed = isinstance(manifest.get(SIGNATURE), str)
     if secret is not None:

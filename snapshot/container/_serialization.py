@@ -20,6 +20,7 @@ from typing import Any
 import dill
 
 from snapshot import schema
+from snapshot.container import _reducers
 from snapshot.errors import SerializationError
 from snapshot.schema.saved import map_node_states
 
@@ -55,12 +56,25 @@ def cooperative() -> Iterator[None]:
         _local.cooperative = False
 
 
-def _pickle(obj: Any) -> bytes:
+def _pickle(obj: Any, *, graph: bool = False) -> bytes:
     # the tag and the pickle go into one buffer: ``tag + pickle.dumps()`` would copy the
     # whole pickle once more (a large buffered state twice in memory)
     out = _Frames() if getattr(_local, "cooperative", False) else io.BytesIO()
     out.write(_PICKLE)
-    pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    pickler = pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL)
+    if graph:  # a graph's random generators in compact form (see _reducers)
+        pickler.dispatch_table = _reducers.dispatch_table()
+    pickler.dump(obj)
+    return out.getvalue()
+
+
+def _dill(obj: Any, **settings: Any) -> bytes:
+    """A graph pickled with dill (``settings``: its ``recurse``, ...), its random generators in compact form."""
+    out = io.BytesIO()
+    out.write(_DILL)
+    pickler = dill.Pickler(out, pickle.HIGHEST_PROTOCOL, **settings)
+    pickler.dispatch_table = _reducers.dispatch_table()
+    pickler.dump(obj)
     return out.getvalue()
 
 
@@ -224,7 +238,7 @@ def dumps_graph(datapipe: Any) -> bytes:
     globals as they change. A snapshot keeps :func:`portable_graph` instead.
     """
     try:
-        return _pickle(datapipe)
+        return _pickle(datapipe, graph=True)
     except Exception:  # noqa: BLE001 - a lambda, a local function, ...: dill pickles them
         return _dill_graph(datapipe)
 
@@ -233,7 +247,7 @@ def _dill_graph(datapipe: Any) -> bytes:
     """The graph pickled with dill (a script's classes and functions by value), naming the pipe that fails."""
     try:
         with _ByValueClasses(datapipe):
-            return _DILL + dill.dumps(datapipe, protocol=pickle.HIGHEST_PROTOCOL)
+            return _dill(datapipe)
     except Exception as exc:
         detail = _culprit(_graph(datapipe))
         raise SerializationError(
@@ -254,7 +268,7 @@ def portable_graph(datapipe: Any, data: bytes) -> tuple[bytes, str | None]:
         return data, None
     try:
         with _ByValueClasses(datapipe):
-            return _DILL + dill.dumps(datapipe, protocol=pickle.HIGHEST_PROTOCOL, recurse=True), None
+            return _dill(datapipe, recurse=True), None
     except Exception:  # noqa: BLE001 - reported at the save that needs it, with the culprit
         # the script's functions by value (not by name, as the C pickler has them), as far as they go
         kept = _dill_graph(datapipe) if data[:1] == _PICKLE else data

@@ -53,6 +53,8 @@ from snapshot.errors import (
     ManifestError,
     SignatureError,
 )
+from snapshot.schema._quick import Doubt
+from snapshot.schema.manifest import native_manifest
 
 __all__ = [
     "FORMAT_VERSION",
@@ -179,11 +181,20 @@ class Writer:
 class Container:
     """A parsed snapshot file: its manifest as JSON (``manifest``) and validated (``info``)."""
 
-    manifest: dict[str, Any]
+    #: The manifest's JSON object, or its bytes (read natively into ``info``: parsed again if it is asked for).
+    json: dict[str, Any] | bytes
     payload: bytes | None
     signed: bool
     size: int
     info: schema.Manifest
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """The manifest's JSON object, as the file holds it."""
+        if isinstance(self.json, bytes):
+            object.__setattr__(self, "json", _parse_json(self.json, "<manifest>"))  # read once: it is valid
+        assert isinstance(self.json, dict)
+        return self.json
 
 
 def _parse_json(data: bytes, source: str) -> dict[str, Any]:
@@ -236,7 +247,11 @@ def _open(read_at: Callable[[int, int], bytes], total: int, source: str,
             "the manifest checksum does not match: the file was altered or damaged on disk",
             source=source, offset=moffset,
         )
-    manifest = _parse_json(manifest_bytes, source)
+    try:  # msgspec's C reader of a well-formed manifest; anything else is read and judged below
+        info: schema.Manifest | None = native_manifest(manifest_bytes)
+    except Doubt:
+        info = None
+    manifest = _parse_json(manifest_bytes, source) if info is None else manifest_bytes
     signed = bool(flags & FLAG_SIGNED)
     secret = resolve_key(key)
     if secret is not None:
@@ -254,8 +269,10 @@ def _open(read_at: Callable[[int, int], bytes], total: int, source: str,
                 "or altered after signing. Do not restore it.",
                 source=source, offset=PREFIX + mlen + plen,
             )
-    info = _validate(manifest, source)  # after the signature: with a key, a forgery is named as one
-    _check_version(manifest, version, source)
+    if info is None:
+        assert isinstance(manifest, dict)
+        info = _validate(manifest, source)  # after the signature: with a key, a forgery is named as one
+    _check_version(info.format, version, source)
     return Container(manifest, None, signed, total, info), poffset, plen, pdigest
 
 
@@ -287,7 +304,7 @@ def unpack(
     payload = data[poffset:poffset + plen]
     if not hmac.compare_digest(_sha256(payload), pdigest):
         raise _payload_mismatch(poffset, plen, source)
-    return Container(container.manifest, payload, container.signed, container.size, container.info)
+    return Container(container.json, payload, container.signed, container.size, container.info)
 
 
 class PayloadReader:
@@ -352,15 +369,15 @@ def read_head(f: IO[bytes], total: int, source: str) -> dict[str, Any]:
             source=source, offset=moffset,
         )
     manifest, _ = _parse_manifest(manifest_bytes, source)
-    _check_version(manifest, version, source)
+    _check_version(manifest[FORMAT], version, source)
     return manifest
 
 
-def _check_version(manifest: Mapping[str, Any], version: int, source: str) -> None:
+def _check_version(written: int, version: int, source: str) -> None:
     """The container's version and its manifest's ``format`` must agree (a spliced file does not)."""
-    if manifest[FORMAT] != version:
+    if written != version:
         raise CorruptSnapshotError(
-            f"the container is format {version} but its manifest says format {manifest[FORMAT]}: the file was "
+            f"the container is format {version} but its manifest says format {written}: the file was "
             "altered or assembled from two files", source=source, offset=len(MAGIC))
 
 

@@ -125,9 +125,10 @@ def _input_edges(datapipe: Any) -> list[tuple[str, Any]]:
         return []
     edges: list[tuple[str, Any]] = []
     for name, value in list(attributes.items()):
-        if name in ("_fast_forward_iterator",):
-            continue
-        _collect(name, value, edges, depth=0)
+        if name != "_fast_forward_iterator" and _is_datapipe(value):  # most are an input or a plain value
+            edges.append((name, value))
+        elif name != "_fast_forward_iterator" and isinstance(value, (list, tuple, dict)):
+            _collect(name, value, edges, depth=0)
     return edges
 
 

@@ -26,6 +26,8 @@ COUNT, STR, BOOL, ANY = "count", "str", "bool", "any"
 #: A field with no default: missing or null is Doubt.
 REQUIRED: Any = object()
 _new = object.__new__
+#: Each Quick, by its ``read`` (what the helpers below keep of it: see :func:`_reader`).
+OF_READ: dict[Any, Quick] = {}
 
 
 class Quick:
@@ -49,6 +51,7 @@ class Quick:
         #: The record of a value, or Doubt (what a reader made after this one calls: no method in between).
         self.read: Callable[[Any], Any] = scope["read"]
         self._values: Callable[[Any], dict[str, Any]] = scope["values"]
+        OF_READ[self.read] = self
 
     def __call__(self, value: Any) -> Any:
         """The record of ``value``, or Doubt."""

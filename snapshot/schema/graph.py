@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from snapshot.errors import ManifestError
+from snapshot.schema import _native
 from snapshot.schema._fields import (
     _bool,
     _fail,
@@ -20,7 +21,6 @@ from snapshot.schema._quick import (
     STR,
     Doubt,
     Quick,
-    build,
     quick_records,
     quick_strs,
     quick_texts,
@@ -127,10 +127,16 @@ _GRAPH = Quick(GraphDesc, (("fingerprint", STR, ""), ("included", BOOL, False),
                            ("nodes", quick_records(_NODE), REQUIRED), ("code_changes", STR, "refuse")))
 
 
-def quick_graph(value: Any) -> GraphDesc:
-    values = _GRAPH.values(value)
+def _checked_graph(graph: GraphDesc) -> GraphDesc:
     try:
-        _check_nodes(values["nodes"], "")
+        _check_nodes(graph.nodes, "")
     except ManifestError:
         raise Doubt from None
-    return build(GraphDesc, values)
+    return graph
+
+
+def quick_graph(value: Any) -> GraphDesc:
+    return _checked_graph(_GRAPH(value))
+
+
+_native.register(quick_graph, _GRAPH, _checked_graph)

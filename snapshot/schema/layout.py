@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from snapshot.errors import ManifestError
+from snapshot.schema import _native
 from snapshot.schema._fields import (
     EVEN_BATCHES,
     MAX_COUNT,
@@ -161,11 +162,17 @@ _RANDOMNESS = Quick(Randomness, (("seed", quick_seed, None), ("seed_source", qui
                                  ("node_seeds", quick_texts, dict)))
 
 
-def quick_randomness(value: Any) -> Randomness:
-    values = _RANDOMNESS.values(value)
-    if (values["seed"] is None) != (values["seed_source"] is None):
+def _checked_randomness(randomness: Randomness) -> Randomness:
+    if (randomness.seed is None) != (randomness.seed_source is None):
         raise Doubt
-    return build(Randomness, values)
+    return randomness
+
+
+def quick_randomness(value: Any) -> Randomness:
+    return _checked_randomness(_RANDOMNESS(value))
+
+
+_native.register(quick_randomness, _RANDOMNESS, _checked_randomness)
 
 
 @dataclass(frozen=True)
@@ -312,11 +319,17 @@ _LAYOUT = Quick(ServiceLayout, (("name", STR, REQUIRED), ("logical_shards", quic
                                 ("rank", COUNT, None), ("owners", _quick_owners, dict)), extra=True)
 
 
-def quick_layout(value: Any) -> ServiceLayout:
-    """The quick reader of :class:`ServiceLayout` (Doubt: read it with ``from_dict``)."""
-    layout = _LAYOUT(value)
+def _checked_layout(layout: ServiceLayout) -> ServiceLayout:
     try:
-        layout._check("", value.get("owners"))
+        layout._check("", None)  # the owners as written are only shown in the error, which Doubt leaves out
     except ManifestError:
         raise Doubt from None
     return layout
+
+
+def quick_layout(value: Any) -> ServiceLayout:
+    """The quick reader of :class:`ServiceLayout` (Doubt: read it with ``from_dict``)."""
+    return _checked_layout(_LAYOUT(value))
+
+
+_native.register(quick_layout, _LAYOUT, _checked_layout)

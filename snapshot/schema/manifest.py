@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from snapshot.errors import ManifestError
+from snapshot.schema import _native
 from snapshot.schema._fields import (
     FORMAT_VERSION,
     SHARDED_SERVICES,
@@ -342,12 +343,28 @@ _MANIFEST = Quick(Manifest, (
 def _quick_manifest(value: Any) -> Manifest:
     if type(value) is dict and (value.get("parts") or value.get("ranks")):
         raise Doubt  # an index, whose records of every shard are read when used (see _lazy)
-    manifest = _MANIFEST(value)
+    return _checked_manifest(_MANIFEST(value))
+
+
+def _checked_manifest(manifest: Manifest) -> Manifest:
     try:
         manifest._check_shards()
         manifest._check_ranks()
     except ManifestError:
         raise Doubt from None
+    return manifest
+
+
+_NATIVE = _native.reader(_MANIFEST, _checked_manifest)
+
+
+def native_manifest(data: bytes) -> Manifest:
+    """The manifest in ``data`` (its JSON, as a file holds it) read by msgspec's C decoder against the schema
+    (see :mod:`snapshot.schema._native`), or :class:`Doubt`: read it with ``json`` and :meth:`Manifest.from_dict`,
+    which judges. (An index's ``ranks`` and ``parts`` are Doubt: it is read as before.)"""
+    if _NATIVE is None:
+        raise Doubt
+    manifest: Manifest = _NATIVE.read(data)
     return manifest
 
 

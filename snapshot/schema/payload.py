@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from snapshot.errors import ManifestError
+from snapshot.schema import _native
 from snapshot.schema._fields import (
     _choice,
     _counts,
@@ -121,8 +122,15 @@ _PAYLOAD = Quick(PayloadRecord, (("size", COUNT, REQUIRED), ("sha256", quick_sha
                                  ("data", COUNT, None), ("pickled", quick_records(_PICKLED), ())))
 
 
-def quick_payload(value: Any) -> PayloadRecord:
+def _checked_payload(record: PayloadRecord) -> PayloadRecord:
     try:
-        return _PAYLOAD(value)._check("")
+        return record._check("")
     except ManifestError:
         raise Doubt from None
+
+
+def quick_payload(value: Any) -> PayloadRecord:
+    return _checked_payload(_PAYLOAD(value))
+
+
+_native.register(quick_payload, _PAYLOAD, _checked_payload)

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from snapshot.schema import _native
 from snapshot.schema._fields import (
     MAX_COUNT,
     RESTORE_METHODS,
@@ -321,12 +322,18 @@ _VERIFY = Quick(VerifyRecord, (("count", COUNT, REQUIRED), ("fingerprints", quic
                                ("ends", BOOL, False)))
 
 
-def quick_verify(value: Any) -> VerifyRecord:
-    """The quick reader of :class:`VerifyRecord` (Doubt: read it with ``from_dict``)."""
-    record = _VERIFY(value)
+def _checked_verify(record: VerifyRecord) -> VerifyRecord:
     if len(record.fingerprints) > record.count:
         raise Doubt
     return record
+
+
+def quick_verify(value: Any) -> VerifyRecord:
+    """The quick reader of :class:`VerifyRecord` (Doubt: read it with ``from_dict``)."""
+    return _checked_verify(_VERIFY(value))
+
+
+_native.register(quick_verify, _VERIFY, _checked_verify)
 
 
 def shard_finished(record: Mapping[str, Any]) -> bool:

@@ -32,7 +32,7 @@ def walked(monkeypatch: pytest.MonkeyPatch, value: Any,
     """What the encoder writes with no value taken for small: the frame walked item by item, rows packed as
     any value."""
     with monkeypatch.context() as patched:
-        patched.setattr(_codec_encode, "fits", lambda value, measure, left, weights=None: -1)
+        patched.setattr(_codec_encode, "fits", lambda value, measure, left, weights=None, measured=False: -1)
         patched.setattr(Encoder, "_emit_rows", lambda self, rows: self._emit(self._pack(Rows(rows))))
         return written(value, measure)
 

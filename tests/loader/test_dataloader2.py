@@ -117,6 +117,23 @@ def test_the_loader_works_on_a_copy_of_the_graph() -> None:
     assert list(dl)
 
 
+def test_from_snapshot_runs_the_snapshots_graph_without_copying_it(monkeypatch) -> None:
+    from snapshot.container import _serialization
+
+    dl = snapshot.DataLoader2(graphs.linear())
+    dl.seed(2)
+    it = iter(dl)
+    next(it)
+    snap = dl.save_snapshot()
+    rest = list(it)
+
+    def refuse(datapipe: object) -> None:
+        raise AssertionError("from_snapshot copied a graph")
+
+    monkeypatch.setattr(_serialization, "clone", refuse)
+    assert list(snapshot.DataLoader2.from_snapshot(snap)) == rest
+
+
 def test_reading_services_from_torchdata_are_refused_clearly() -> None:
     td = pytest.importorskip("torchdata.dataloader2")
     with pytest.raises(TypeError, match="snapshot.ReadingServiceInterface"):

@@ -133,7 +133,7 @@ def test_the_schema_imports_neither_torch_nor_dill() -> None:
         imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
         imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     outside = {name for name in imported if not name.startswith("snapshot.schema")}
-    assert outside <= {"__future__", "json", "math", "re", "collections.abc", "dataclasses", "typing",
+    assert outside <= {"__future__", "json", "math", "re", "collections.abc", "dataclasses", "typing", "msgspec",
                        "snapshot._version", "snapshot.errors"}, outside
 
 

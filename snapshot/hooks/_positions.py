@@ -54,6 +54,12 @@ class Reproducer:
         self._cell = cell
         self._many = many
 
+    @property
+    def always_keyed(self) -> bool:
+        """Whether every sample has a key (its position in an indexable input; a reader's sample may have
+        no address)."""
+        return self._key is None
+
     def key(self) -> Any:
         """The key of the sample the input just yielded."""
         if self._key is not None:

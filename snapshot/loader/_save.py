@@ -11,7 +11,7 @@ from snapshot.container.capture import LoaderState, Snapshot, snapshot_of
 from snapshot.container.format import PathOrFile
 from snapshot.engine.plan import check_restorable
 from snapshot.errors import RankError, WorkerError
-from snapshot.hooks import hook_for
+from snapshot.hooks import _fresh, hook_for
 from snapshot.loader import _state_dict
 from snapshot.loader._graph_copy import GraphCopy
 from snapshot.loader._position import LivePosition
@@ -151,9 +151,10 @@ class Saver:
                            metadata=metadata)
             done.set_result(path)
             return done
-        source = self._capture(dest, include_graph=include_graph, verify=verify)
+        with _fresh.collecting() as fresh:  # what the hooks made for this capture is taken as it is
+            source = self._capture(dest, include_graph=include_graph, verify=verify)
         source.metadata = metadata  # checked plain data: staged as it is
-        source = _staging.stage(source)
+        source = _staging.stage(source, fresh)
 
         def background() -> str:
             with _serialization.cooperative():

@@ -40,6 +40,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_TIMEOUT = 1800.0
 #: Seconds the interpreter's exit waits for the saves still in flight before it leaves them.
 EXIT_TIMEOUT = 1800.0
+#: Seconds a save's thread waits for the thread that started it to go on (set as soon as it does).
+_GO_TIMEOUT = 10.0
 
 
 class SaveFuture(Future[Any]):
@@ -131,8 +133,12 @@ class BackgroundSaver:
         self.wait()
         future = SaveFuture()
         future.set_running_or_notify_cancel()
+        go = threading.Event()
 
         def run() -> None:
+            # Thread.start() returns once this thread has started and given the GIL back: waiting here
+            # gives it back at once, not after a switch interval (5 ms) of the save's own work
+            go.wait(_GO_TIMEOUT)
             try:
                 result = fn()
             except BaseException as exc:
@@ -152,6 +158,7 @@ class BackgroundSaver:
         self._save = save
         _running.add(save)
         save.thread.start()
+        go.set()
         return future
 
 

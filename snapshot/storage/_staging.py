@@ -12,11 +12,14 @@ every container (dict, list, tuple, deque, set) and decides per leaf:
   in place after they leave a buffer); a list of arrays (or of tensors) of one dtype and shape, a
   shuffle buffer's samples, is copied as one block in one call (its items become views of the block),
   and an array that cannot change (read-only, owning its memory) is shared;
-- any other object is deep-copied (``copy.deepcopy``), falling back to a pickle round trip.
+- any other object is deep-copied (``copy.deepcopy``), falling back to a pickle round trip;
+- but a value that the capture said fresh (:func:`snapshot.hooks._fresh.fresh`: made by the capture,
+  holding nothing anyone changes, as a shuffle buffer's positions) is taken as it is, unwalked.
 
 So a background save blocks for about the time of a memory copy of the mutable samples it
-holds (one copy of the bytes, as ``torch.distributed.checkpoint``'s staging of one tensor), and for
-almost nothing when samples are ``bytes`` or strings.
+holds (one copy of the bytes, as ``torch.distributed.checkpoint``'s staging of one tensor), for
+a walk of its other lists, and for almost nothing when samples are ``bytes`` or strings or saved by
+position.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import copy
 import dataclasses
 import enum
 from collections import deque
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -41,6 +46,7 @@ __all__ = ["stage"]
 _IMMUTABLE = (bytes, str, int, float, complex, bool, type(None), range, enum.Enum)
 #: Leaves that are immutable by their exact type (a container of only these needs no walk).
 _ATOMS = frozenset({bytes, str, int, float, complex, bool, type(None)})
+_NONE: Mapping[int, Any] = MappingProxyType({})
 
 
 def _block(items: list[Any]) -> list[Any] | None:
@@ -63,32 +69,35 @@ def _block(items: list[Any]) -> list[Any] | None:
     return None
 
 
-def stage(value: Any) -> Any:
-    """A copy of ``value`` that shares only immutable leaves with it."""
+def stage(value: Any, fresh: Mapping[int, Any] = _NONE) -> Any:
+    """A copy of ``value`` that shares only immutable leaves with it, and the values in ``fresh`` (by ``id``:
+    what :func:`snapshot.hooks._fresh.collecting` collected while ``value`` was captured)."""
     kind = type(value)
-    if kind in (bytes, str, int, float, bool, type(None)) or isinstance(value, _IMMUTABLE):
+    if kind in _ATOMS or id(value) in fresh:
         return value
+    if kind is dict:
+        return {k: stage(v, fresh) for k, v in value.items()}
     if kind is list:
         if all(type(x) in _ATOMS for x in value):  # positions, counts, seeds: a shallow copy is a deep one
             return value.copy()
         block = _block(value) if len(value) > 1 else None
-        return block if block is not None else [stage(x) for x in value]
-    if kind is dict:
-        return {k: stage(v) for k, v in value.items()}
+        return block if block is not None else [stage(x, fresh) for x in value]
+    if isinstance(value, _IMMUTABLE):
+        return value
     if kind is tuple:
         if all(type(x) in _ATOMS for x in value):  # immutable all the way down: shared
             return value
-        return tuple(stage(x) for x in value)
+        return tuple(stage(x, fresh) for x in value)
     if isinstance(value, deque):
-        return deque((stage(x) for x in value), maxlen=value.maxlen)
+        return deque((stage(x, fresh) for x in value), maxlen=value.maxlen)
     if isinstance(value, frozenset) and all(isinstance(x, _IMMUTABLE) for x in value):
         return value
     if isinstance(value, (set, frozenset)):
-        return kind(stage(x) for x in value)
+        return kind(stage(x, fresh) for x in value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         staged = copy.copy(value)
         for f in dataclasses.fields(value):
-            object.__setattr__(staged, f.name, stage(getattr(value, f.name)))
+            object.__setattr__(staged, f.name, stage(getattr(value, f.name), fresh))
         return staged
     if isinstance(value, torch.Tensor):
         return value.detach().clone()

@@ -114,6 +114,33 @@ def test_snapshots_restore_across_options() -> None:
             assert list(dl) == tail
 
 
+def test_the_samples_restored_by_value_are_counted_until_the_buffer_holds_none() -> None:
+    """A buffer restored by value holds samples without a position until it has swapped them all out; each
+    save says how many (the count skipped once none can come back), and saves exactly."""
+    with loader(ranged, "values") as dl:
+        reference = list(dl)
+        it = iter(dl)
+        for _ in range(3):
+            next(it)
+        data = dl.save_snapshot().to_bytes()
+    notes, saves = [], []
+    with loader(ranged, "positions") as dl:
+        dl.restore_snapshot(data)
+        it = iter(dl)
+        for taken in range(3, 37):
+            snap = dl.save_snapshot()
+            notes.append(shuffle_record(snap, "0")["buffer_state"])
+            saves.append((taken, snap.to_bytes()))
+            next(it)
+    assert notes[0] == "positions (7 samples restored by value still buffered)"
+    counts = [int(n.split("(")[1].split()[0]) if "(" in n else 0 for n in notes]
+    assert counts == sorted(counts, reverse=True) and counts[-1] == 0 and notes[-1] == "positions"
+    for taken, saved in saves[::5] + saves[-1:]:
+        with loader(ranged, "positions") as dl:
+            dl.restore_snapshot(saved)
+            assert list(dl) == reference[taken:]
+
+
 def test_an_upstream_that_cannot_reproduce_keeps_values_and_says_why(caplog) -> None:
     with loader(filtered, "positions") as dl, caplog.at_level(logging.WARNING, logger="snapshot"):
         it = iter(dl)

@@ -10,6 +10,7 @@ import torch
 
 from snapshot.errors import RestoreError
 from snapshot.hooks._base import ResumableIterator
+from snapshot.hooks._fresh import fresh
 from snapshot.hooks._positions import BufferState, Reproducer, reproducer_for
 from snapshot.hooks.builtin._rng import rng_state, set_rng_state
 
@@ -66,6 +67,9 @@ class ShufflerIterator(ResumableIterator):
         #: Keys (input positions or addresses) parallel to ``_buffer`` (``None``: saved by value).
         self._positions: list[Any] | None = None
         self._reproducer: Any = _UNDECIDED
+        #: Whether ``_positions`` may hold a ``None``: samples buffered before it was decided, restored by
+        #: value, or from a reader whose samples may have no address (see :meth:`_unkeyed`).
+        self._maybe_unkeyed = True
 
     def _seeded(self) -> random.Random:
         """The generator, seeded with the pipe's seed on first use (unless a restore set its state)."""
@@ -80,6 +84,7 @@ class ShufflerIterator(ResumableIterator):
             self._reproducer = reproducer_for(self._src)
             if isinstance(self._reproducer, Reproducer):
                 self._positions = [None] * len(self._buffer)
+                self._maybe_unkeyed = bool(self._buffer) or not self._reproducer.always_keyed
             else:
                 logger.warning("shuffle buffer at %s keeps its samples by value: %s", self.path, self._reproducer)
         result: Reproducer | str = self._reproducer
@@ -142,28 +147,41 @@ class ShufflerIterator(ResumableIterator):
         reproducer = self._by_position() if self._enabled else "shuffling is disabled"
         if isinstance(reproducer, str):
             return f"{BufferState.VALUES.value}: {reproducer}"
-        unknown = (self._positions or []).count(None)
+        unknown = self._unkeyed(self._positions or [])
         if unknown:
             return f"{BufferState.POSITIONS.value} ({unknown} samples restored by value still buffered)"
         return BufferState.POSITIONS.value
 
     def get_state(self) -> dict[str, Any]:
         # a disabled shuffler never draws: its (unseeded) generator is not part of the position
-        state = {ENABLED: self._enabled, RNG: rng_state(self._seeded()) if self._enabled else None,
+        state = {ENABLED: self._enabled, RNG: fresh(rng_state(self._seeded())) if self._enabled else None,
                  DRAINING: self._draining}
         by_position = (self.buffer_state == BufferState.POSITIONS and self._enabled
                        and isinstance(self._by_position(), Reproducer))
         if by_position and self._positions is not None:
             positions = self._positions
-            state[POSITIONS] = list(positions)
+            # new lists (as the generator's state) of keys, never changed (only replaced), and of None: a
+            # background save takes them as they are (see snapshot.hooks._fresh)
+            state[POSITIONS] = fresh(list(positions))
             # the samples restored by value and still buffered (None elsewhere); usually none (one pass in C)
             state[BUFFER] = ([x if p is None else None for x, p in zip(self._buffer, positions)]
-                             if positions.count(None) else [None] * len(positions))
+                             if self._unkeyed(positions) else fresh([None] * len(positions)))
         else:
             state[BUFFER] = list(self._buffer)
         return state
 
+    def _unkeyed(self, positions: list[Any]) -> int:
+        """How many buffered samples have no key (kept by value: restored so, or a reader's without an
+        address); counted only while there may be some."""
+        if not self._maybe_unkeyed:
+            return 0
+        unknown = positions.count(None)
+        if not unknown and isinstance(self._reproducer, Reproducer) and self._reproducer.always_keyed:
+            self._maybe_unkeyed = False  # each sample that comes in has a key: no None comes back
+        return unknown
+
     def set_state(self, state: dict[str, Any]) -> None:
+        self._maybe_unkeyed = True
         self._enabled = bool(state[ENABLED])
         if state[RNG] is not None:
             set_rng_state(self._rng, state[RNG])
@@ -186,3 +204,4 @@ class ShufflerIterator(ResumableIterator):
         if self.buffer_state == BufferState.POSITIONS:
             self._positions = list(positions)
             self._reproducer = reproducer
+            self._maybe_unkeyed = len(keyed) < len(positions) or not reproducer.always_keyed

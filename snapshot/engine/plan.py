@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from snapshot._choice import Choice
 from snapshot._warnings import user_stacklevel
-from snapshot.errors import GraphMismatchError, RestoreError, StrategyError
+from snapshot.engine._hooked import check_restorable, generation, needs_replay, rereads
+from snapshot.errors import GraphMismatchError, StrategyError
+from snapshot.schema.graph import NodeDesc
 from snapshot.schema.state import PlanState
 
 if TYPE_CHECKING:  # the graph and the hooks import torch: loaded when a restore is planned
@@ -76,12 +78,16 @@ class CodeChanges(Choice):
         return "code_changes"
 
 
-def check_graph(saved_nodes: list[dict[str, Any]], graph: Graph,
+def check_graph(saved_nodes: Sequence[dict[str, Any]] | Sequence[NodeDesc], graph: Graph,
                 code_changes: CodeChanges = CodeChanges.REFUSE) -> None:
     """Raise :class:`GraphMismatchError` naming every node that differs (a function whose code
-    changed only with ``code_changes="refuse"``)."""
+    changed only with ``code_changes="refuse"``). ``saved_nodes``: the saved graph's nodes, as a
+    manifest's records or their dicts."""
+    if _unchanged(saved_nodes, graph):
+        return
     from snapshot.engine.graph import another_pipeline, compare_nodes
 
+    saved_nodes = [node if isinstance(node, dict) else node.to_dict() for node in saved_nodes]
     diffs = compare_nodes(saved_nodes, graph)
     changed = [d for d in diffs if d.code]
     refused = diffs if code_changes is CodeChanges.REFUSE else [d for d in diffs if not d.code]
@@ -118,61 +124,25 @@ def check_graph(saved_nodes: list[dict[str, Any]], graph: Graph,
                              [(d.path, d.saved, d.current) for d in refused])
 
 
-def check_restorable(graph: Graph, nodes: set[str] | None = None) -> None:
-    """Raise :class:`RestoreError` naming every node (of ``nodes``, default all) that no
-    strategy can put back (see :func:`snapshot.hooks.register_refusal`)."""
-    from snapshot.hooks import refusal_for
+def _unchanged(saved: Sequence[dict[str, Any]] | Sequence[NodeDesc], graph: Graph) -> bool:
+    """Whether :func:`compare_nodes` finds no difference, said without describing the saved nodes: each
+    at its path with its fingerprint, inputs and functions' code (where comparable), and no other node."""
+    described = [desc for desc in saved if isinstance(desc, NodeDesc)]
+    if len(described) != len(saved) or len(saved) != len(graph.nodes):
+        return False
+    by_path = graph.by_path
+    for desc in described:
+        node = by_path.get(desc.path)
+        if node is None or node.fingerprint != desc.fingerprint or list(desc.inputs) != node.inputs:
+            return False
+        for name, before in desc.code.items():
+            now = node.code.get(name)
+            if now is not None and now != before:
+                from snapshot.engine._code import python_of
 
-    refused = []
-    for node in graph.nodes:
-        if nodes is None or node.path in nodes:
-            reason = refusal_for(node.datapipe)
-            if reason is not None:
-                refused.append(f"  {node.path}: {node.signature}: {reason}")
-    if refused:
-        raise RestoreError(
-            f"this graph cannot be snapshotted exactly: {len(refused)} node(s) draw from a "
-            "generator that neither a state hook nor a replay can put back:\n" + "\n".join(refused)
-        )
-
-
-def rereads(graph: Graph, nodes: set[str]) -> dict[str, str]:
-    """Of ``nodes`` (restored from state), those whose restore reads something again, and what."""
-    from snapshot.hooks import hook_for
-
-    found: dict[str, str] = {}
-    for node in graph.nodes:
-        hook = hook_for(node.datapipe) if node.path in nodes else None
-        what = hook.iterator.rereads(node, graph) if hook is not None and hook.iterator is not None else None
-        if what is not None:
-            found[node.path] = what
-    return found
-
-
-def needs_replay(graph: Graph, nodes: set[str] | None = None) -> dict[str, str]:
-    """Nodes (of ``nodes``, default all) that cannot be restored from state, with the reason."""
-    from torch.utils.data import MapDataPipe
-
-    from snapshot.hooks import hook_for
-
-    reasons: dict[str, str] = {}
-    for node in graph.nodes:
-        if nodes is not None and node.path not in nodes:
-            continue
-        if isinstance(node.datapipe, MapDataPipe):
-            continue  # map-style pipes have no position
-        hook = hook_for(node.datapipe)
-        if hook is None:
-            reasons[node.path] = "no state hook (its position lives in its generator)"
-        elif hook.iterator is not None and not hook.iterator.always_restorable:
-            reason = hook.iterator.can_restore(node, graph)
-            if reason is not None:
-                reasons[node.path] = reason
-            elif (why := hook.iterator.replays_input(node, graph)) is not None:
-                source = node.inputs[0]  # replayed up to what the node took (unless the part's input: then it)
-                where = source if nodes is None or source in nodes else node.path
-                reasons.setdefault(where, f"{node.path} {why}")
-    return reasons
+                if python_of(now) == python_of(before):  # (made by another Python: not comparable)
+                    return False
+    return len({desc.path for desc in described}) == len(saved)  # (each saved path once: every node compared)
 
 
 @dataclass(frozen=True)
@@ -226,11 +196,20 @@ class _Part:
     def __init__(self, graph: Graph, sinks: list[str], ports: frozenset[str]):
         self.graph = graph
         self.ports = ports
-        covered: set[str] = set()
-        for sink in sinks:
-            covered.update(graph.ancestors(sink, stop=ports))
-        self.nodes = covered
-        self.order = {n.path: i for i, n in enumerate(graph.nodes)}
+        if not ports and sinks == [graph.nodes[0].path]:  # the whole graph: every node is read by its sink
+            self.nodes = set(graph.by_path)
+        else:
+            self.nodes = set()
+            for sink in sinks:
+                self.nodes.update(graph.ancestors(sink, stop=ports))
+        self._order: dict[str, int] | None = None
+
+    @property
+    def order(self) -> dict[str, int]:
+        """Each node's place in the graph (asked only where some node replays)."""
+        if self._order is None:
+            self._order = {n.path: i for i, n in enumerate(self.graph.nodes)}
+        return self._order
 
     def closure(self, path: str) -> set[str]:
         return set(self.graph.ancestors(path, stop=self.ports))
@@ -270,8 +249,6 @@ def _check_strategy(graph: Graph, nodes: set[str], strategy: RestoreStrategy) ->
     """Why each of ``nodes`` needs replay; refuses what cannot be restored, and ``state`` where some must replay.
     What the hooks say of ``nodes`` is found once per graph while no hook is registered (a restore checks the
     whole graph up front, then plans its shards)."""
-    from snapshot.hooks._registry import generation
-
     key, now = ("needs_replay", frozenset(nodes)), generation()
     found = graph.memo.get(key)
     if found is not None and found[0] == now:
@@ -315,9 +292,7 @@ def plan_layout(graph: Graph, strategy: RestoreStrategy, sinks: list[str] | None
                 ports: frozenset[str] = frozenset()) -> PlanLayout:
     """The layout of every plan of the part of ``graph`` behind ``sinks`` (see :func:`make_plan`); refuses
     what cannot be restored as :func:`check_strategy` does."""
-    from snapshot.engine.graph import ROOT
-
-    sinks = sinks or [ROOT]
+    sinks = sinks or [graph.nodes[0].path]  # (the sink: ROOT)
     part = _Part(graph, sinks, ports)
     reasons = _check_strategy(graph, part.nodes - ports, strategy)
     if strategy is RestoreStrategy.FAST_FORWARD:
@@ -331,7 +306,8 @@ def plan_layout(graph: Graph, strategy: RestoreStrategy, sinks: list[str] | None
     replay: set[str] = set()
     for d in drivers:
         replay |= chosen[d]
-    drivers.sort(key=part.order.__getitem__)
+    if len(drivers) > 1:
+        drivers.sort(key=part.order.__getitem__)
     return PlanLayout(strategy, tuple(sinks), frozenset(replay - ports), tuple(drivers), reasons,
                       bool(replay & ports), rereads(graph, part.nodes - ports - replay))
 

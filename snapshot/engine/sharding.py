@@ -37,7 +37,7 @@ from snapshot.engine._tokens import attribute
 from snapshot.engine.graph import ROOT, Graph
 from snapshot.errors import ShardingError
 
-__all__ = ["Topology", "WorkerInfo", "analyze", "apply_sharding", "is_dispatcher", "is_sharding_point"]
+__all__ = ["WHOLE", "Topology", "WorkerInfo", "analyze", "apply_sharding", "is_dispatcher", "is_sharding_point"]
 
 _DISPATCHER = ("torchdata.datapipes.iter.util.sharding", "ShardingRoundRobinDispatcherIterDataPipe")
 
@@ -123,7 +123,7 @@ class Topology:
     def for_shards(self, count: int) -> Topology:
         """The cut to run ``count`` logical shards with (raises when it cannot be made)."""
         if count == 1:
-            return Topology((), (), frozenset())  # one shard: the whole graph in one piece
+            return WHOLE
         if self.problems:
             raise ShardingError("this graph cannot be cut into logical shards:\n  " + "\n  ".join(self.problems))
         return self
@@ -148,6 +148,10 @@ class Topology:
         if self.tail:
             out.update(tail_nodes=len(self.tail), merge_point=self.merge_point)
         return out
+
+
+#: The cut of a graph run as one unit: no cut, the whole graph in one piece.
+WHOLE = Topology((), (), frozenset())
 
 
 def _descendants(graph: Graph, paths: list[str]) -> set[str]:

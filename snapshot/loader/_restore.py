@@ -91,7 +91,7 @@ class Restorer:
                 )
             self.graph.adopt(snap.graph)
         graph = self.graph.require()
-        check_graph([node.to_dict() for node in snap.info.graph.nodes], graph, self.graph.code_changes)
+        check_graph(snap.info.graph.nodes, graph, self.graph.code_changes)
         check_strategy(graph, strategy)  # refuses an impossible strategy up front
         saved = snap.take_saved()
         service = self.service.service

@@ -18,7 +18,7 @@ from snapshot.container import _serialization
 from snapshot.engine.graph import Graph
 from snapshot.engine.plan import RestoreStrategy
 from snapshot.engine.randomness import EpochSeeds, SeedGenerator, epoch_seeds
-from snapshot.engine.sharding import Topology, WorkerInfo, analyze
+from snapshot.engine.sharding import WHOLE, Topology, WorkerInfo, analyze
 from snapshot.errors import LayoutError, ShardingError
 from snapshot.reading_service._rng import GlobalRNG
 from snapshot.reading_service._shards.engine import EngineState, ShardEngine
@@ -33,9 +33,10 @@ from snapshot.reading_service.reshard import (
     SavedLayout,
     epoch_units,
     plan_restore,
+    restore_units,
     same_layout_problems,
 )
-from snapshot.schema import ServiceState
+from snapshot.schema import HANDOUT, ServiceState
 
 __all__ = ["Executor", "LocalExecutor", "ShardedService", "resolve_logical_shards"]
 
@@ -179,16 +180,16 @@ class ShardedService(ReadingServiceInterface):
                   graph: Graph | None = None, analysis: Topology | None = None) -> None:
         """Run ``shards`` (a rank's share, or all) of the ``units`` (default: ``count``) units of
         ``count`` logical shards of ``datapipe``. A caller that has built ``datapipe``'s graph
-        and analyzed it already passes both (``analysis`` is ``analyze(graph)``), so that neither
-        is done twice."""
+        (and analyzed it: ``analysis`` is ``analyze(graph)``) passes it, so that neither is done twice."""
         self.finalize()
         units = units or count
-        if graph is None or analysis is None:
-            graph = Graph(datapipe)
+        if graph is None:
+            graph, analysis = Graph(datapipe), None
+        if analysis is None and units > 1:  # one unit runs the graph whole: its cut is found when asked
             analysis = analyze(graph)
-        if not analysis.sharded and units > count:  # no sharding point to split at: the one shard, whole
+        if analysis is not None and not analysis.sharded and units > count:  # no sharding point to split at
             units, shards = count, [s for s in shards if s < count]
-        topology = analysis.for_shards(units)
+        topology = WHOLE if analysis is None else analysis.for_shards(units)
         self._graph, self._topology, self._count, self._units = graph, topology, count, units
         self._analysis = analysis
         self._owned = list(shards)
@@ -280,25 +281,24 @@ class ShardedService(ReadingServiceInterface):
             if self._executor is None:
                 self.initialize(datapipe)
             return _Output(self)
-        if plan is None:  # this service alone: its later epochs are its own to lay out
-            plan = self.plan(state)
-            self._next = epoch_units(state.logical_shards, 1, self.workers)
         count = state.logical_shards
-        if self._graph is not None and self._analysis is not None:
-            graph, analysis = self._graph, self._analysis
-        else:
-            prepared = self.prepare(datapipe)
-            if graph is None or graph.sink is not prepared:
-                graph = Graph(prepared)
-            analysis = analyze(graph)
-        units, owned = _restored_units(state, plan, rank, analysis)
+        graph = self._graph if self._graph is not None else _graph_of(self.prepare(datapipe), graph)
+        analysis = self._analysis if graph is self._graph else None
+        if plan is None:  # this service alone: its later epochs are its own to lay out
+            self._next = epoch_units(count, 1, self.workers)
+        own = _own_units(state, self.workers) if plan is None else None
+        if own is None:  # another layout, or ranks: the re-shard plan says what runs here
+            plan, analysis = plan or self.plan(state), analysis or analyze(graph)
+            own = _restored_units(state, plan, rank, analysis)
+        units, owned = own
         if self._executor is None or (count, units, owned) != (self._count, self._units, self._owned):
             self.configure(graph.sink, count, owned, units, graph=graph, analysis=analysis)
         units, owned = self._units, self._owned  # (one unit, whole, where the graph has no sharding point)
         if units != state.units:
+            plan = plan or self.plan(state)
             _log.info("re-sharding: the saved %d unit(s) of %d logical shard(s) run as %d on %d rank(s) of %d "
                       "worker(s)", state.units, count, units, plan.ranks, plan.workers)
-            state = split(state, units, analysis, finished=plan.saved.finished)
+            state = split(state, units, self._require_analysis(), finished=plan.saved.finished)
         saved_workers, workers = state.workers, int(self._layout()["workers"])
         if saved_workers != workers:
             _log.info("re-sharding: %d logical shard(s) saved with %d worker(s) per rank now run on %d "
@@ -321,8 +321,11 @@ class ShardedService(ReadingServiceInterface):
         return _Output(self)
 
     def _require_analysis(self) -> Topology:
+        """The graph's cut (found when first asked after a restore that ran one unit)."""
         if self._analysis is None:
-            raise RuntimeError("initialize() must be called before iterating")
+            if self._graph is None:
+                raise RuntimeError("initialize() must be called before iterating")
+            self._analysis = analyze(self._graph)
         return self._analysis
 
     def _require(self) -> tuple[Executor, Graph]:
@@ -343,6 +346,21 @@ class ShardedService(ReadingServiceInterface):
         if self._merge is None:
             return iter(())
         return self._tail if self._tail is not None else self._merge
+
+
+def _graph_of(datapipe: Any, analyzed: Graph | None) -> Graph:
+    """``datapipe``'s graph: the caller's (``analyzed``) when it is of ``datapipe``."""
+    return analyzed if analyzed is not None and analyzed.sink is datapipe else Graph(datapipe)
+
+
+def _own_units(state: ServiceState, workers: int) -> tuple[int, list[int]] | None:
+    """The units one process with ``workers`` workers runs the rest of the saved epoch as, when they are
+    the saved ones, all of them (what :func:`.plan_restore` says of one rank then, known without making the
+    plan); ``None`` where the plan decides (the units are split, the snapshot spans ranks)."""
+    units = state.units
+    if state.ranks or HANDOUT in state.layout or restore_units(units, 1, workers) != units:
+        return None
+    return units, list(range(units))
 
 
 def _restored_units(state: ServiceState, plan: ReshardPlan, rank: int, analysis: Topology) -> tuple[int, list[int]]:

@@ -94,8 +94,7 @@ class Encoder(Extensions):
         self._flush()
 
     def close(self) -> None:
-        """Done with this encoder: its packers, which hold it (their ``default``), let go of it, so that it is
-        freed at once, not by the garbage collector."""
+        """Done with this encoder: its packers (their ``default`` holds it) let go, so it is freed at once."""
         self._packers.clear()
 
     # the tree --------------------------------------------------------------------------------------
@@ -232,13 +231,12 @@ class Encoder(Extensions):
 
     def _packed(self, value: Any, marks: tuple[int, int, int]) -> bytes:
         try:
-            data: bytes = self._packers[0].pack(value)
+            return self._packers[0].pack(value)
         except UnicodeEncodeError:
             raise
         except (ValueError, RecursionError, TooDeep):
             self._undo(marks)
-            data = self._packers[0].pack(bounded(value, cycles(value)))
-        return data
+            return self._packers[0].pack(bounded(value, cycles(value)))
 
     def _undo(self, marks: tuple[int, int, int]) -> None:
         """Forget what a failed pack set aside (values not data, buffers) after ``marks``."""

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, Optional
 
 from snapshot.schema._fields import MAX_COUNT
-from snapshot.schema._quick import _SHAPES, ANY, BOOL, COUNT, OF_READ, REQUIRED, STR, Doubt, Quick
+from snapshot.schema._quick import _SHAPES, ANY, BOOL, COUNT, OF_READ, REQUIRED, STR, Doubt, Quick, default_line
 
 try:
     import msgspec
@@ -62,13 +62,7 @@ class _Made:
                 body[-1] = f"{store} s.{field}" if convert("v") == "v" else \
                     f"{store} None if (v := s.{field}) is None else {convert('v')}"
                 continue
-            body.append("if v is None:")
-            if type(default) is type:
-                names[f"d{i}"] = default
-                body.append(f"    {store} {'{}' if default is dict else '[]' if default is list else f'd{i}()'}")
-            else:
-                names[f"d{i}"] = default
-                body.append(f"    {store} d{i}")
+            body += ["if v is None:", default_line(i, default, store, names)]
             body += ["else:", f"    {store} {convert('v')}"]
         if quick.known is not None:
             body.append("out['extra'] = {}")

@@ -73,12 +73,8 @@ def _reader_source(fields: tuple[tuple[Any, ...], ...], extra: bool) -> tuple[st
         body += [f"item = get({key!r})", "if item is None:"]
         if default is REQUIRED:
             body.append("    raise Doubt")
-        elif type(default) is type:
-            names[f"d{i}"] = default
-            body.append(f"    {store} {'{}' if default is dict else '[]' if default is list else f'd{i}()'}")
         else:
-            names[f"d{i}"] = default
-            body.append(f"    {store} d{i}")
+            body.append(default_line(i, default, store, names))
         if kind is COUNT:
             body += [f"elif type(item) is not int or not 0 <= item <= {MAX_COUNT}:", "    raise Doubt"]
         elif kind is STR:
@@ -109,6 +105,15 @@ _SHAPES: dict[Any, tuple[str, Any, Any]] = {}
 _COUNT = f"type(v) is not int or not 0 <= v <= {MAX_COUNT}"
 _TYPES = {"texts": "dict", "counts": "dict", "copy": "dict", "by_path": "dict",
           "list": "list", "strs": "list", "ints": "list", "records": "list"}
+
+
+def default_line(i: int, default: Any, store: str, names: dict[str, Any]) -> str:
+    """The generated line that stores field ``i``'s default (a type is called for a new value; names it in
+    ``names``)."""
+    names[f"d{i}"] = default
+    if type(default) is type:
+        return f"    {store} {'{}' if default is dict else '[]' if default is list else f'd{i}()'}"
+    return f"    {store} d{i}"
 
 
 def _shape_source(shape: tuple[str, Any, Any], name: str, names: dict[str, Any]) -> tuple[str, list[str]]:

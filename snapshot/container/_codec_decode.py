@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import msgpack
 
+from snapshot.container import _codec_native
 from snapshot.container import _codec_types as types
 from snapshot.container._codec_exts import CallerError, Corrupt, ExtValues
 from snapshot.errors import CorruptSnapshotError, SnapshotError
@@ -166,6 +167,11 @@ def decode(data: bytes | bytearray | memoryview, *, pickled: Callable[[int], Any
     ``pickled(index)`` returns each value stored pickled (the encoder's ``pickled[index]``); without it
     a pickled value raises :class:`~snapshot.errors.UntrustedStateError`.
     """
+    if len(data) <= _codec_native.MAX_BYTES:
+        try:
+            return _codec_native.tree(data, _Plain())
+        except _codec_native.Refused:
+            pass  # msgpack decodes it, or says what is wrong
     if len(data) <= _AT_ONCE:
         value = _at_once(data, pickled, source)
         if value is not _AGAIN:
@@ -179,6 +185,14 @@ def decode(data: bytes | bytearray | memoryview, *, pickled: Callable[[int], Any
     finally:
         _release(decoder)
     return value
+
+
+class _Plain(ExtValues):
+    """The ext values of a tree that msgspec decodes: those that act beyond the value (arrays, tensors, values
+    stored pickled) refuse it before they act (``_codec_native``), so only the nesting is counted (from the
+    class's 0: no ``__init__`` to call)."""
+
+    _depth = 0
 
 
 class _Exts:

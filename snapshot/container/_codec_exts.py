@@ -14,8 +14,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 from typing import Any
 
-import msgpack
-
+from snapshot.container import _codec_native
 from snapshot.container import _codec_types as types
 from snapshot.errors import UntrustedStateError
 
@@ -59,12 +58,12 @@ class ExtValues:
         return handler(self, data)
 
     def _items(self, data: bytes, what: str) -> list[Any]:
-        """The list an ext value's bytes hold (decoded by msgpack, with this decoder's ext types)."""
+        """The list an ext value's bytes hold (decoded by msgspec or msgpack, with this decoder's ext types)."""
         if self._depth >= types.MAX_DEPTH:
             raise Corrupt(f"a {what} nested deeper than {types.MAX_DEPTH} levels")
         self._depth += 1
         try:
-            items = msgpack.unpackb(data, ext_hook=self._ext, **types.UNPACK_OPTIONS)
+            items = _codec_native.body(data, self)
         finally:
             self._depth -= 1
         if type(items) is not list:

@@ -100,7 +100,7 @@ class Decoder(ExtValues):
         self._depth = 0
         self._pending: list[tuple[memoryview, int]] = []  # arrays and tensors to fill, in order
         self._pending_bytes = 0
-        self._descriptors: dict[bytes, tuple[Any, tuple[int, ...], int]] = {}
+        self._descriptors: dict[bytes, tuple[Any, tuple[int, ...], int, Any]] = {}
 
     def next(self) -> Any:
         """The next value (its arrays filled)."""

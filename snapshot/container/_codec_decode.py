@@ -1,9 +1,10 @@
 """The decoding half of :mod:`snapshot.container._codec` (the format is described there).
 
 msgpack's C unpacker reads the tree as it comes (from a file, a chunk at a time: the tree is never held
-whole), with exact limits; this module's ``ext_hook`` builds only the types of the codec's ext table,
-from checked fields: it never imports a module, looks up an attribute or calls anything that the bytes
-name. An array or a tensor is allocated when its descriptor is read (never more bytes than the data
+whole), with exact limits; a small tree in memory is first offered to msgspec's C decoder
+(:mod:`~snapshot.container._codec_native`), taken only where its result is exactly msgpack's. The ``ext_hook``
+builds only the types of the codec's ext table, from checked fields: it never imports a module, looks up an
+attribute or calls anything that the bytes name. An array or a tensor is allocated when its descriptor is read (never more bytes than the data
 holds) and filled from the bytes after the tree, read straight into its memory (or copied from the data in
 memory where it is): decoding holds one copy of the state. Every malformed input raises
 :class:`~snapshot.errors.CorruptSnapshotError`.
@@ -136,16 +137,17 @@ class Decoder(ExtValues):
         pending, self._pending, self._pending_bytes = self._pending, [], 0
         head, used = memoryview(ahead), 0
         memory = self.reader if isinstance(self.reader, MemoryReader) else None
+        view, held = (memory.view, len(memory.view)) if memory is not None else (None, 0)
         for target, size in pending:
             got = 0
             if used < len(head):
                 got = min(size, len(head) - used)
                 target[:got] = head[used:used + got]
                 used += got
-            if got < size and memory is not None and memory.offset + size - got <= len(memory.view):
+            if got < size and memory is not None and memory.offset + size - got <= held:
                 start = memory.offset
                 memory.offset = end = start + size - got
-                target[got:] = memory.view[start:end]
+                target[got:] = view[start:end]  # type: ignore[index]
                 got = size
             while got < size:
                 count = self.reader.readinto(target[got:])

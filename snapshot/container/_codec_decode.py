@@ -4,10 +4,10 @@ msgpack's C unpacker reads the tree as it comes (from a file, a chunk at a time:
 whole), with exact limits; a small tree in memory is first offered to msgspec's C decoder
 (:mod:`~snapshot.container._codec_native`), taken only where its result is exactly msgpack's. The ``ext_hook``
 builds only the types of the codec's ext table, from checked fields: it never imports a module, looks up an
-attribute or calls anything that the bytes name. An array or a tensor is allocated when its descriptor is read (never more bytes than the data
-holds) and filled from the bytes after the tree, read straight into its memory (or copied from the data in
-memory where it is): decoding holds one copy of the state. Every malformed input raises
-:class:`~snapshot.errors.CorruptSnapshotError`.
+attribute or calls anything that the bytes name. An array or a tensor is allocated when its descriptor is read
+(never more bytes than the data holds) and filled from the bytes after the tree, read straight into its memory
+(or copied from the data in memory where it is): decoding holds one copy of the state. Every malformed input
+raises :class:`~snapshot.errors.CorruptSnapshotError`.
 """
 
 from __future__ import annotations

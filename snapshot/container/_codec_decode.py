@@ -1,12 +1,13 @@
 """The decoding half of :mod:`snapshot.container._codec` (the format is described there).
 
 msgpack's C unpacker reads the tree as it comes (from a file, a chunk at a time: the tree is never held
-whole), with exact limits; this module's ``ext_hook`` builds only the types of the codec's ext table,
-from checked fields: it never imports a module, looks up an attribute or calls anything that the bytes
-name. An array or a tensor is allocated when its descriptor is read (never more bytes than the data
-holds) and filled from the bytes after the tree, read straight into its memory (or copied from the data in
-memory where it is): decoding holds one copy of the state. Every malformed input raises
-:class:`~snapshot.errors.CorruptSnapshotError`.
+whole), with exact limits; a small tree in memory is first offered to msgspec's C decoder
+(:mod:`~snapshot.container._codec_native`), taken only where its result is exactly msgpack's. The ``ext_hook``
+builds only the types of the codec's ext table, from checked fields: it never imports a module, looks up an
+attribute or calls anything that the bytes name. An array or a tensor is allocated when its descriptor is read
+(never more bytes than the data holds) and filled from the bytes after the tree, read straight into its memory
+(or copied from the data in memory where it is): decoding holds one copy of the state. Every malformed input
+raises :class:`~snapshot.errors.CorruptSnapshotError`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Protocol
 
 import msgpack
 
+from snapshot.container import _codec_native
 from snapshot.container import _codec_types as types
 from snapshot.container._codec_exts import CallerError, Corrupt, ExtValues
 from snapshot.errors import CorruptSnapshotError, SnapshotError
@@ -99,7 +101,7 @@ class Decoder(ExtValues):
         self._depth = 0
         self._pending: list[tuple[memoryview, int]] = []  # arrays and tensors to fill, in order
         self._pending_bytes = 0
-        self._descriptors: dict[bytes, tuple[Any, tuple[int, ...], int]] = {}
+        self._descriptors: dict[bytes, tuple[Any, tuple[int, ...], int, Any]] = {}
 
     def next(self) -> Any:
         """The next value (its arrays filled)."""
@@ -135,16 +137,17 @@ class Decoder(ExtValues):
         pending, self._pending, self._pending_bytes = self._pending, [], 0
         head, used = memoryview(ahead), 0
         memory = self.reader if isinstance(self.reader, MemoryReader) else None
+        view, held = (memory.view, len(memory.view)) if memory is not None else (None, 0)
         for target, size in pending:
             got = 0
             if used < len(head):
                 got = min(size, len(head) - used)
                 target[:got] = head[used:used + got]
                 used += got
-            if got < size and memory is not None and memory.offset + size - got <= len(memory.view):
+            if got < size and memory is not None and memory.offset + size - got <= held:
                 start = memory.offset
                 memory.offset = end = start + size - got
-                target[got:] = memory.view[start:end]
+                target[got:] = view[start:end]  # type: ignore[index]
                 got = size
             while got < size:
                 count = self.reader.readinto(target[got:])
@@ -166,6 +169,11 @@ def decode(data: bytes | bytearray | memoryview, *, pickled: Callable[[int], Any
     ``pickled(index)`` returns each value stored pickled (the encoder's ``pickled[index]``); without it
     a pickled value raises :class:`~snapshot.errors.UntrustedStateError`.
     """
+    if len(data) <= _codec_native.MAX_BYTES:
+        try:
+            return _codec_native.tree(data, _Plain())
+        except _codec_native.Refused:
+            pass  # msgpack decodes it, or says what is wrong
     if len(data) <= _AT_ONCE:
         value = _at_once(data, pickled, source)
         if value is not _AGAIN:
@@ -179,6 +187,14 @@ def decode(data: bytes | bytearray | memoryview, *, pickled: Callable[[int], Any
     finally:
         _release(decoder)
     return value
+
+
+class _Plain(ExtValues):
+    """The ext values of a tree that msgspec decodes: those that act beyond the value (arrays, tensors, values
+    stored pickled) refuse it before they act (``_codec_native``), so only the nesting is counted (from the
+    class's 0: no ``__init__`` to call)."""
+
+    _depth = 0
 
 
 class _Exts:

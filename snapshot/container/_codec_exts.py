@@ -14,8 +14,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 from typing import Any
 
-import msgpack
-
+from snapshot.container import _codec_native
 from snapshot.container import _codec_types as types
 from snapshot.errors import UntrustedStateError
 
@@ -48,7 +47,7 @@ class ExtValues:
     _name: str
     _pending: list[tuple[memoryview, int]]
     _pending_bytes: int
-    _descriptors: dict[bytes, tuple[Any, tuple[int, ...], int]]
+    _descriptors: dict[bytes, tuple[Any, tuple[int, ...], int, Any]]
 
     def _ext(self, code: int, data: bytes) -> Any:
         if code == types.TUPLE:  # the most common, without a call more
@@ -59,12 +58,12 @@ class ExtValues:
         return handler(self, data)
 
     def _items(self, data: bytes, what: str) -> list[Any]:
-        """The list an ext value's bytes hold (decoded by msgpack, with this decoder's ext types)."""
+        """The list an ext value's bytes hold (decoded by msgspec or msgpack, with this decoder's ext types)."""
         if self._depth >= types.MAX_DEPTH:
             raise Corrupt(f"a {what} nested deeper than {types.MAX_DEPTH} levels")
         self._depth += 1
         try:
-            items = msgpack.unpackb(data, ext_hook=self._ext, **types.UNPACK_OPTIONS)
+            items = _codec_native.body(data, self)
         finally:
             self._depth -= 1
         if type(items) is not list:
@@ -154,24 +153,24 @@ class ExtValues:
         self._pending_bytes += size
 
     def _array(self, data: bytes) -> Any:
-        import numpy
-
         known = self._descriptors.get(data)  # a buffer of samples: many arrays of one dtype and shape
         if known is None:
             known = self._descriptor(data)
             if len(self._descriptors) < 256:
                 self._descriptors[data] = known
-        dtype, shape, size = known  # size: checked against dtype and shape by _descriptor
+        dtype, shape, size, empty = known  # size: checked against dtype and shape by _descriptor
         if self._pending_bytes + size > self.limit - self.position:
             raise Corrupt(f"an array of shape {shape} and dtype {dtype} of {size} bytes, more than the data holds")
-        array = numpy.empty(shape, dtype)
+        array = empty(shape, dtype)
         if size:
             self._pending_bytes += size
             self._pending.append((_bytes_of(array), size))
         return array
 
-    def _descriptor(self, data: bytes) -> tuple[Any, tuple[int, ...], int]:
-        """An array's dtype, shape and size in bytes, checked."""
+    def _descriptor(self, data: bytes) -> tuple[Any, tuple[int, ...], int, Any]:
+        """An array's dtype, shape and size in bytes, checked, and ``numpy.empty`` (no import an array)."""
+        import numpy
+
         fields = self._items(data, "array")
         if len(fields) != 3:
             raise Corrupt(f"an array whose descriptor is {shown(fields)}")
@@ -184,7 +183,7 @@ class ExtValues:
         if size != count * dtype.itemsize or type(size) is not int:
             raise Corrupt(f"an array of shape {shape} and dtype {dtype} needs {count * dtype.itemsize} bytes, "
                            f"its descriptor says {shown(size)}")
-        return dtype, shape, size
+        return dtype, shape, size, numpy.empty
 
     def _numpy_scalar(self, data: bytes) -> Any:
         descr, raw = self._fields(data, "numpy scalar", (str, list), bytes)

@@ -178,10 +178,10 @@ class Saver:
                 "path, or use blocking=True to write to a file object or to get the Snapshot")
         self.graph.check_portable(include_graph)
         path = os.fspath(dest)
-        done: Future[str] = Future()
         if self.service.collective() is not None:
             self._save_now(dest, include_graph=include_graph, keep_last=keep_last, key=key, verify=verify,
                            metadata=metadata)
+            done: Future[str] = Future()
             done.set_result(path)
             return done
         with _fresh.collecting() as fresh:  # what the hooks made for this capture is taken as it is

@@ -93,6 +93,8 @@ def stage(value: Any, fresh: Mapping[int, Any] = _NONE) -> Any:
     if kind is dict:  # the atoms inline: most leaves of a capture are (a call each was half its staging)
         return {k: v if type(v) in _ATOMS else stage(v, fresh) for k, v in value.items()}
     if kind is list:
+        if not value:
+            return []
         if all(type(x) in _ATOMS for x in value):  # positions, counts, seeds: a shallow copy is a deep one
             return value.copy()
         block = _block(value) if len(value) > 1 else None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import textwrap
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -73,7 +74,7 @@ def positions_loader() -> snapshot.DataLoader2[Any]:
 
 
 def same_file(a: Any, b: Any) -> bool:
-    first, second = (format.unpack(open(path, "rb").read()) for path in (a, b))
+    first, second = (format.unpack(Path(path).read_bytes()) for path in (a, b))
     return first.payload == second.payload and {**first.manifest, "created": None} == {**second.manifest,
                                                                                        "created": None}
 
@@ -81,7 +82,7 @@ def same_file(a: Any, b: Any) -> bool:
 def same_capture(a: Any, b: Any) -> bool:
     """Files of two loaders of the same graph saved at the same point: the same manifest and state (their graphs'
     pickles differ by the identities dill keeps, not by what they restore)."""
-    first, second = (format.unpack(open(path, "rb").read()) for path in (a, b))
+    first, second = (format.unpack(Path(path).read_bytes()) for path in (a, b))
     skip = {"created": None, "payload": None}
     loaded = [snapshot.load(path) for path in (a, b)]
     return ({**first.manifest, **skip} == {**second.manifest, **skip} and loaded[0].state == loaded[1].state

@@ -87,7 +87,7 @@ def no_leaks() -> Iterator[None]:
         leaked = child_pids() - children_before - _service_pids()
         new_threads = {t for t in threading.enumerate()
                        if t.ident not in threads_before and t.is_alive()
-                       and not t.name.startswith(("QueueFeederThread", "pydevd"))}
+                       and not t.name.startswith(("QueueFeederThread", "pydevd", "snapshot-writer"))}
         if not leaked and not new_threads:
             break
         time.sleep(0.05)

@@ -173,11 +173,12 @@ class Node:
     def code(self) -> dict[str, str]:
         """The code fingerprint of each function argument (see :func:`code_fingerprint`); computed once."""
         if self._code is None:
-            self._code = {}
+            code = {}  # set when whole: a background save's thread may compute it as the loader's reads it
             for name, function in self.functions:
                 fingerprint = code_fingerprint(function)
                 if fingerprint is not None:
-                    self._code[name] = fingerprint
+                    code[name] = fingerprint
+            self._code = code
         return self._code
 
     @property

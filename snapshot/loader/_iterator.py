@@ -6,6 +6,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, TypeVar
 
 from snapshot.loader._position import LivePosition, Pausing
+from snapshot.storage import _background
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -82,6 +83,7 @@ class DataLoader2Iterator(Iterator[T_co]):
         self.dataloader = dataloader
         self.iterator_id = iterator_id
         self._position, self._pausing = position, pausing
+        _background.prepare()  # the writer of background saves starts with the first iteration, not at a save
 
     def __iter__(self) -> DataLoader2Iterator[T_co]:
         return self

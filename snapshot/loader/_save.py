@@ -9,6 +9,7 @@ from typing import Any
 from snapshot.container import _serialization
 from snapshot.container.capture import LoaderState, Snapshot, snapshot_of
 from snapshot.container.format import PathOrFile
+from snapshot.engine.graph import Graph
 from snapshot.engine.plan import check_restorable
 from snapshot.errors import RankError, WorkerError
 from snapshot.hooks import _fresh, hook_for
@@ -44,6 +45,29 @@ def _readers(graph: Any) -> dict[str, Any]:
     return found
 
 
+class _Fixed:
+    """What a capture holds that is fixed for the life of the loader's graph: the graph's description
+    (node types, arguments, the fingerprints of their functions' code), its fingerprint and pickle, the
+    reading service's pickle, ``code_changes``. The first save computes the description and the default
+    service's pickle (0.3-0.5 ms); a background save computes them in its thread, after the loader goes
+    on. That is exact: these are read from the :class:`~snapshot.engine.graph.Graph` and the pickle taken
+    here, as of the call, and neither changes while the loader runs (iterating changes the pipes' state,
+    not the graph's nodes, arguments or functions; a restore into the loader adopts a new ``Graph`` and
+    pickle, it never changes these), and the service's pickle is of the service as it was given (or of a
+    new default one), never of its running state."""
+
+    def __init__(self, graph: Graph, graph_bytes: bytes | None, service: LoaderService, code_changes: str):
+        self.graph, self.graph_bytes, self.service, self.code_changes = graph, graph_bytes, service, code_changes
+
+    def fill(self, source: LoaderState) -> None:
+        """Set these in ``source`` (a capture made with ``fixed=False``)."""
+        source.graph_nodes = self.graph.describe()
+        source.graph_fingerprint = self.graph.fingerprint
+        source.code_changes = self.code_changes
+        source.graph_bytes = self.graph_bytes
+        source.service_bytes = self.service.pickled
+
+
 class Saver:
     """Captures where the loader stands (its graph, service and position, which it reads and never
     changes but to compute samples ahead for ``verify``) and writes it. One save runs at a time:
@@ -62,9 +86,11 @@ class Saver:
         """Raise the failure of the last background save, once, unless its future's outcome was read."""
         self.background.raise_failure()
 
-    def source(self, *, include_graph: bool, verify: int = 0) -> LoaderState:
+    def source(self, *, include_graph: bool, verify: int = 0, fixed: bool = True) -> LoaderState:
         """What the loader reports for a capture, after refusing a graph that cannot be restored
-        exactly (before anything is computed ahead or written); ``verify=K`` fingerprints the next K samples."""
+        exactly (before anything is computed ahead or written); ``verify=K`` fingerprints the next K samples.
+        ``fixed=False`` leaves out what is fixed for the graph's life (see :class:`_Fixed`): the caller fills it
+        in with :meth:`fixed`."""
         graph = self.graph.require()
         check_restorable(graph)
         pos = self.position
@@ -78,23 +104,30 @@ class Saver:
             generator=pos.generator.state() if pos.generator is not None else None,
             service=self.service.checkpoint(pos, verify),
             service_name=type(self.service.service).__name__,
-            graph_nodes=graph.describe(),
-            graph_fingerprint=graph.fingerprint,
-            code_changes=self.graph.code_changes.value,
-            graph_bytes=self.graph.pickled if include_graph else None,
-            service_bytes=self.service.pickled,
+            graph_nodes=[],
+            graph_fingerprint="",
+            graph_bytes=None,
+            service_bytes=None,
             lookahead=list(pos.lookahead),
             readers=_readers(graph),
         )
         if verify:
             source.verify = pos.ahead(verify)
+        if fixed:
+            self.fixed(include_graph).fill(source)
         return source
 
-    def _capture(self, dest: PathOrFile | None, *, include_graph: bool, verify: int) -> LoaderState:
+    def fixed(self, include_graph: bool) -> _Fixed:
+        """What a capture holds that is fixed for the life of the loader's graph, as of now (to fill in later)."""
+        return _Fixed(self.graph.require(), self.graph.pickled if include_graph else None, self.service,
+                      self.graph.code_changes.value)
+
+    def _capture(self, dest: PathOrFile | None, *, include_graph: bool, verify: int, fixed: bool = True
+                 ) -> LoaderState:
         """:meth:`source` for a save to ``dest``: a worker or a rank that fails meanwhile is an error that
         names ``dest`` and what is intact there."""
         try:
-            return self.source(include_graph=include_graph, verify=verify)
+            return self.source(include_graph=include_graph, verify=verify, fixed=fixed)
         except (WorkerError, RankError) as exc:
             if not isinstance(dest, (str, os.PathLike)):
                 raise
@@ -145,18 +178,20 @@ class Saver:
                 "path, or use blocking=True to write to a file object or to get the Snapshot")
         self.graph.check_portable(include_graph)
         path = os.fspath(dest)
-        done: Future[str] = Future()
         if self.service.collective() is not None:
             self._save_now(dest, include_graph=include_graph, keep_last=keep_last, key=key, verify=verify,
                            metadata=metadata)
+            done: Future[str] = Future()
             done.set_result(path)
             return done
         with _fresh.collecting() as fresh:  # what the hooks made for this capture is taken as it is
-            source = self._capture(dest, include_graph=include_graph, verify=verify)
+            source = self._capture(dest, include_graph=include_graph, verify=verify, fixed=False)
         source.metadata = metadata  # checked plain data: staged as it is
         source = _staging.stage(source, fresh)
+        fixed = self.fixed(include_graph)
 
         def background() -> str:
+            fixed.fill(source)  # in this thread: see _Fixed
             with _serialization.cooperative():
                 write(source, path, key=key, progress=False)  # a background save never draws a bar
             if keep_last is not None:

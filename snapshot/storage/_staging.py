@@ -69,15 +69,32 @@ def _block(items: list[Any]) -> list[Any] | None:
     return None
 
 
+_PLAIN: dict[type, bool] = {}
+
+
+def _plain(kind: type) -> bool:
+    """Whether ``copy.copy`` of a ``kind`` is a new object with the same ``__dict__`` (no hook of its own)."""
+    plain = _PLAIN.get(kind)
+    if plain is None:
+        default = object.__dict__.get("__getstate__")
+        plain = _PLAIN[kind] = (
+            not hasattr(kind, "__slots__") and getattr(kind, "__copy__", None) is None
+            and kind.__reduce_ex__ is object.__reduce_ex__ and kind.__reduce__ is object.__reduce__
+            and getattr(kind, "__getstate__", None) is default and getattr(kind, "__setstate__", None) is None)
+    return plain
+
+
 def stage(value: Any, fresh: Mapping[int, Any] = _NONE) -> Any:
     """A copy of ``value`` that shares only immutable leaves with it, and the values in ``fresh`` (by ``id``:
     what :func:`snapshot.hooks._fresh.collecting` collected while ``value`` was captured)."""
     kind = type(value)
     if kind in _ATOMS or id(value) in fresh:
         return value
-    if kind is dict:
-        return {k: stage(v, fresh) for k, v in value.items()}
+    if kind is dict:  # the atoms inline: most leaves of a capture are (a call each was half its staging)
+        return {k: v if type(v) in _ATOMS else stage(v, fresh) for k, v in value.items()}
     if kind is list:
+        if not value:
+            return []
         if all(type(x) in _ATOMS for x in value):  # positions, counts, seeds: a shallow copy is a deep one
             return value.copy()
         block = _block(value) if len(value) > 1 else None
@@ -95,6 +112,10 @@ def stage(value: Any, fresh: Mapping[int, Any] = _NONE) -> Any:
     if isinstance(value, (set, frozenset)):
         return kind(stage(x, fresh) for x in value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        if _plain(kind):  # what copy.copy does for it, without its dispatch (the captured loader state)
+            staged = object.__new__(kind)
+            staged.__dict__.update({k: v if type(v) in _ATOMS else stage(v, fresh) for k, v in vars(value).items()})
+            return staged
         staged = copy.copy(value)
         for f in dataclasses.fields(value):
             object.__setattr__(staged, f.name, stage(getattr(value, f.name), fresh))

@@ -48,8 +48,9 @@ their own, which needs trust to load.
 
 What data does not keep: object identity (a list held twice decodes as two equal lists; views of one
 tensor decode as separate tensors), array memory order (arrays decode C-contiguous and writable), a
-tensor's autograd history (a tensor decodes as a leaf with its ``requires_grad``). Values must not
-change while they are encoded.
+tensor's autograd history (a tensor decodes as a leaf with its ``requires_grad``), the type of a
+``bytearray`` or a ``memoryview`` (msgpack's packer takes both for bytes before any hook sees them: they decode
+as ``bytes``; ext 6 is read, never written). Values must not change while they are encoded.
 
 The encoder is in ``_codec_encode`` (with ``_codec_default``, msgpack's ``default`` for the values it has no
 type for, and ``_codec_shapes``, what it packs in one call), the decoder in ``_codec_decode`` (with

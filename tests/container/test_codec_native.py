@@ -43,6 +43,11 @@ def native(data: bytes) -> Any:
     return _codec_native.tree(data, _codec_decode._Plain())
 
 
+def in_map(data: bytes) -> bytes:
+    """``data``'s value as the one value of a map (``{"v": value}``): msgspec is tried on maps only."""
+    return b"\x81\xa1v" + data
+
+
 def agrees(data: bytes, **options: Any) -> None:
     """The decoder (msgspec where it takes the bytes) gives msgpack's value or error, type for type."""
     expected, got = present(data, **options), outcome(data, **options)
@@ -71,10 +76,10 @@ TAKEN = [
 
 @pytest.mark.parametrize("value", TAKEN, ids=lambda value: repr(value)[:40])
 def test_msgspec_decodes_what_the_codec_writes_as_msgpack_does(value: Any) -> None:
-    data, pickled = encode(value)
+    data, pickled = encode({"v": value})
     assert pickled == []
     expected = present(data)
-    assert same(expected, value) or type(value) is bytearray  # a bytearray at the top is packed as bytes
+    assert same(expected, {"v": value}) or type(value) is bytearray  # msgpack packs a bytearray as bytes
     assert same(native(data), expected)
     assert same(decode(data), expected)
 
@@ -82,7 +87,7 @@ def test_msgspec_decodes_what_the_codec_writes_as_msgpack_does(value: Any) -> No
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data_values)
 def test_any_data_decodes_as_msgpack_decodes_it(value: Any) -> None:
-    data, _ = encode(value)
+    data, _ = encode({"v": value})
     agrees(data)
     try:
         tree = native(data)
@@ -122,9 +127,18 @@ OTHER = [bytes.fromhex("0102"), bytes.fromhex("dd0000000501"), b"", bytes.fromhe
 
 @pytest.mark.parametrize("data", TIMESTAMPS + ARRAY_KEYS + TEXT + OTHER, ids=lambda data: data[:12].hex())
 def test_what_msgspec_decodes_otherwise_is_refused_and_judged_by_msgpack(data: bytes) -> None:
+    for tree in (data, in_map(data)):  # msgspec is tried on the second (a map), refused on the first
+        with pytest.raises(_codec_native.Refused):
+            native(tree)
+        agrees(tree)
+
+
+@pytest.mark.parametrize("value", [list(range(10_000)), [(i, i * 7, 3) for i in range(40)], "text", 5, None])
+def test_a_tree_that_is_not_a_map_is_left_to_msgpack(value: Any) -> None:
+    data, _ = encode(value)  # on a list of ints msgspec's checks cost more than it saves
     with pytest.raises(_codec_native.Refused):
         native(data)
-    agrees(data)
+    assert same(decode(data), value)
 
 
 def test_a_timestamp_decodes_as_msgpacks_timestamp_and_an_array_key_stays_an_error() -> None:
@@ -144,7 +158,7 @@ def test_float32_int_keys_and_repeated_keys_decode_alike(data: bytes) -> None:
 
 
 def test_deeper_nesting_than_msgpacks_is_refused_whatever_the_recursion_limit() -> None:
-    deep = b"\x91" * 1025 + b"\x01"
+    deep = in_map(b"\x91" * 1024 + b"\x01")
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(20_000)
     try:
@@ -170,7 +184,8 @@ def traced() -> Iterator[None]:
         tracemalloc.stop()
 
 
-@pytest.mark.parametrize("data", FORGED + [ext(1, d) for d in FORGED], ids=lambda data: data.hex())
+@pytest.mark.parametrize("data", [*FORGED, *map(ext, [1] * len(FORGED), FORGED), *map(in_map, FORGED)],
+                         ids=lambda data: data.hex())
 def test_a_forged_length_allocates_nothing_on_either_path(data: bytes, traced: None) -> None:
     for run in (_codec_native._DECODER.decode, native, present, decode):  # type: ignore[union-attr]
         tracemalloc.reset_peak()

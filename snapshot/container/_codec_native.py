@@ -6,8 +6,8 @@ each is a reason to refuse the bytes (:class:`Refused`), and the caller decodes 
 which returns its value or names what is wrong exactly as it always did:
 
 - an ext -1 (msgpack's timestamp) is a ``datetime`` to msgspec, a ``msgpack.Timestamp`` to msgpack: bytes
-  holding a timestamp's header (``d6 ff``, ``d7 ff``, an ext 8/16/32 of 4, 8 or 12 bytes of type -1) anywhere,
-  even inside a str, are refused;
+  holding a byte 0xff anywhere (a timestamp's type byte, and much else: a scan for a timestamp's headers cost
+  more than msgspec saves) are refused;
 - an array as a map key is a tuple to msgspec, an unhashable list (an error) to msgpack: a decoded value with
   a key of another type than str, int, float or bytes is refused (msgspec's JSON encoder checks that, in C;
   a tuple key that the codec wrote, an ext 1, is refused too, and decoded by msgpack);
@@ -55,9 +55,6 @@ _MSGPACK_LEVELS = 1024
 _PYTHON_BOUND = sys.version_info < (3, 12)
 # ext types whose hook acts beyond the value: an array or a tensor (to fill), a pickled value (a call)
 _ACTS = frozenset({types.ARRAY, types.TENSOR, types.PICKLED})
-# the headers of an ext -1 that msgspec decodes as a datetime
-_STAMPS = (b"\xd6\xff", b"\xd7\xff", *(head + bytes([size]) + b"\xff" for head in (b"\xc7", b"\xc8\x00", b"\xc9\0\0\0")
-                                       for size in (4, 8, 12)))
 
 
 class Refused(Exception):
@@ -95,8 +92,7 @@ def tree(data: Any, exts: Any) -> Any:
     if _DECODER is None or size > MAX_BYTES or not size or data[0] not in _MAPS or (
             size > _MSGPACK_LEVELS and not _bounded()):
         raise Refused
-    scanned = data if type(data) is bytes else bytes(data)
-    if 255 in scanned and any(stamp in scanned for stamp in _STAMPS):
+    if 255 in (data if type(data) is bytes else bytes(data)):  # an ext -1's type byte may be one of them
         raise Refused
     local = _local
     local.exts = exts

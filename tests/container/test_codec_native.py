@@ -80,7 +80,11 @@ def test_msgspec_decodes_what_the_codec_writes_as_msgpack_does(value: Any) -> No
     assert pickled == []
     expected = present(data)
     assert same(expected, {"v": value}) or type(value) is bytearray  # msgpack packs a bytearray as bytes
-    assert same(native(data), expected)
+    if 255 in data:  # a timestamp's type byte may be one of them: msgpack decodes these
+        with pytest.raises(_codec_native.Refused):
+            native(data)
+    else:
+        assert same(native(data), expected)
     assert same(decode(data), expected)
 
 

@@ -184,13 +184,14 @@ class Saver:
             done: Future[str] = Future()
             done.set_result(path)
             return done
-        with _fresh.collecting() as fresh:  # what the hooks made for this capture is taken as it is
+        with _fresh.collecting() as fresh:  # what the hooks made for this capture is taken as it is, or made later
             source = self._capture(dest, include_graph=include_graph, verify=verify, fixed=False)
         source.metadata = metadata  # checked plain data: staged as it is
         source = _staging.stage(source, fresh)
         fixed = self.fixed(include_graph)
 
         def background() -> str:
+            fresh.make_later(source)  # what the hooks left to make (snapshot.hooks._fresh), in this thread
             fixed.fill(source)  # in this thread: see _Fixed
             with _serialization.cooperative():
                 write(source, path, key=key, progress=False)  # a background save never draws a bar

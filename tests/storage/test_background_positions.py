@@ -3,6 +3,7 @@ is (no walk, no copy), every sample still held by value is staged, and the file 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import threading
@@ -151,3 +152,70 @@ def test_a_background_save_by_position_writes_what_a_synchronous_save_writes(tmp
     with snapshot.DataLoader2(factory(), buffer_state="positions") as dl:
         dl.restore_snapshot(tmp_path / "bg.snap")
         assert list(dl) == rest
+
+
+def test_a_value_left_for_later_is_made_in_the_save_s_thread_where_the_staging_put_it() -> None:
+    @dataclasses.dataclass
+    class Record:
+        nodes: dict[str, Any]
+
+    assert _fresh.later(lambda: [1, 2]) == [1, 2]  # outside a capture: made at once
+    with _fresh.collecting() as fresh:
+        state = Record({"a": [{"positions": _fresh.later(lambda: [7, 8])}, _fresh.later(lambda: "x")]})
+    assert isinstance(state.nodes["a"][0]["positions"], _fresh.Later)
+    staged = _staging.stage(state, fresh)
+    fresh.make_later(staged)
+    assert staged.nodes == {"a": [{"positions": [7, 8]}, "x"]}
+    with _fresh.collecting() as fresh:
+        state = Record({"a": (_fresh.later(list),)})  # a tuple cannot take the value made
+    with pytest.raises(RuntimeError, match="1 value"):
+        fresh.make_later(_staging.stage(state, fresh))
+
+
+def test_positions_are_copied_at_the_call_and_made_into_the_saved_list_while_the_loader_goes_on(
+        tmp_path: Any, monkeypatch: Any) -> None:
+    """The shuffle keeps an indexable input's positions in one block of memory: the capture copies them, the
+    save's thread makes the saved list of the copy, held here until the loader has finished its epoch."""
+    with loader(indexed) as dl:
+        reference = list(dl)
+    hold, make_later = threading.Event(), _fresh.Collected.make_later
+
+    def held(self: Any, value: Any) -> None:
+        assert hold.wait(60), "the test never let the save go on"
+        make_later(self, value)
+
+    monkeypatch.setattr(_fresh.Collected, "make_later", held)
+    with loader(indexed) as dl:
+        it = iter(dl)
+        head = [next(it) for _ in range(5)]
+        dl.save_snapshot(tmp_path / "sync.snap")
+        future = dl.save_snapshot(tmp_path / "bg.snap", blocking=False)
+        rest = list(it)  # every buffered position is replaced or popped
+        hold.set()
+        assert future.result(timeout=60) == os.fspath(tmp_path / "bg.snap")
+    assert head + rest == reference
+    sync, bg = (format.unpack((tmp_path / name).read_bytes()) for name in ("sync.snap", "bg.snap"))
+    assert bg.payload == sync.payload
+    positions = shuffle_state(snapshot.load(tmp_path / "bg.snap").state["service"])["positions"]
+    assert type(positions) is list and len(positions) == 16 and all(type(p) is int for p in positions)
+    with snapshot.DataLoader2(indexed(), buffer_state="positions") as dl:
+        dl.restore_snapshot(tmp_path / "bg.snap")
+        assert list(dl) == rest
+        dl.restore_snapshot(tmp_path / "bg.snap")  # restored positions are kept in one block again
+        it = iter(dl)
+        again = [next(it) for _ in range(3)]
+        later = dl.save_snapshot(tmp_path / "again.snap", blocking=False)
+        again += list(it)
+        later.result(timeout=60)
+        assert again == rest
+        dl.restore_snapshot(tmp_path / "again.snap")
+        assert list(dl) == rest[3:]
+
+
+def test_a_synchronous_capture_holds_the_positions_as_a_list() -> None:
+    with loader(indexed) as dl:
+        it = iter(dl)
+        next(it)
+        positions = shuffle_state(dl._saver.source(include_graph=False).service)["positions"]
+        assert type(positions) is list and len(positions) == 16
+        assert shuffle_state(dl.save_snapshot().state["service"])["positions"] == positions

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import array
+import functools
 import logging
+import operator
 import random
 from typing import Any
 
@@ -10,7 +13,7 @@ import torch
 
 from snapshot.errors import RestoreError
 from snapshot.hooks._base import ResumableIterator
-from snapshot.hooks._fresh import fresh
+from snapshot.hooks._fresh import fresh, later
 from snapshot.hooks._positions import BufferState, Reproducer, reproducer_for
 from snapshot.hooks.builtin._rng import rng_state, set_rng_state
 
@@ -64,8 +67,9 @@ class ShufflerIterator(ResumableIterator):
         # first used; a restore sets its state instead (seeding it first would cost as much again).
         self._rng = random.Random.__new__(random.Random)
         self._seed: int | None = take_seed(datapipe) if self._enabled else None
-        #: Keys (input positions or addresses) parallel to ``_buffer`` (``None``: saved by value).
-        self._positions: list[Any] | None = None
+        #: Keys (input positions or addresses) parallel to ``_buffer`` (``None``: saved by value); positions
+        #: in an indexable input, every sample keyed, in one block of memory (see :func:`_keys`).
+        self._positions: list[Any] | array.array[int] | None = None
         self._reproducer: Any = _UNDECIDED
         #: Whether ``_positions`` may hold a ``None``: samples buffered before it was decided, restored by
         #: value, or from a reader whose samples may have no address (see :meth:`_unkeyed`).
@@ -83,8 +87,8 @@ class ShufflerIterator(ResumableIterator):
         if self._reproducer is _UNDECIDED:
             self._reproducer = reproducer_for(self._src)
             if isinstance(self._reproducer, Reproducer):
-                self._positions = [None] * len(self._buffer)
                 self._maybe_unkeyed = bool(self._buffer) or not self._reproducer.always_keyed
+                self._positions = [None] * len(self._buffer) if self._maybe_unkeyed else _keys()
             else:
                 logger.warning("shuffle buffer at %s keeps its samples by value: %s", self.path, self._reproducer)
         result: Reproducer | str = self._reproducer
@@ -115,7 +119,7 @@ class ShufflerIterator(ResumableIterator):
             return buffer.pop(randint(0, len(buffer) - 1))
         raise StopIteration
 
-    def _next_tracked(self, positions: list[Any]) -> Any:
+    def _next_tracked(self, positions: list[Any] | array.array[int]) -> Any:
         """:meth:`next`, keeping each buffered sample's input position (the same draws)."""
         buffer, src = self._buffer, self._src
         key = self._reproducer.key
@@ -158,7 +162,12 @@ class ShufflerIterator(ResumableIterator):
                  DRAINING: self._draining}
         by_position = (self.buffer_state == BufferState.POSITIONS and self._enabled
                        and isinstance(self._by_position(), Reproducer))
-        if by_position and self._positions is not None:
+        if by_position and type(self._positions) is array.array:
+            # every sample keyed: the keys copied at once (one copy of their memory), the list saved made of
+            # the copy later (in a background save's thread: see snapshot.hooks._fresh)
+            state[POSITIONS] = later(self._positions[:].tolist)
+            state[BUFFER] = later(functools.partial(operator.mul, [None], len(self._positions)))
+        elif by_position and self._positions is not None:
             positions = self._positions
             # new lists (as the generator's state) of keys, never changed (only replaced), and of None: a
             # background save takes them as they are (see snapshot.hooks._fresh)
@@ -170,10 +179,10 @@ class ShufflerIterator(ResumableIterator):
             state[BUFFER] = list(self._buffer)
         return state
 
-    def _unkeyed(self, positions: list[Any]) -> int:
+    def _unkeyed(self, positions: list[Any] | array.array[int]) -> int:
         """How many buffered samples have no key (kept by value: restored so, or a reader's without an
         address); counted only while there may be some."""
-        if not self._maybe_unkeyed:
+        if not self._maybe_unkeyed or type(positions) is not list:  # (the block of positions holds no None)
             return 0
         unknown = positions.count(None)
         if not unknown and isinstance(self._reproducer, Reproducer) and self._reproducer.always_keyed:
@@ -202,6 +211,17 @@ class ShufflerIterator(ResumableIterator):
             buffer[i] = item
         self._buffer = buffer
         if self.buffer_state == BufferState.POSITIONS:
-            self._positions = list(positions)
             self._reproducer = reproducer
             self._maybe_unkeyed = len(keyed) < len(positions) or not reproducer.always_keyed
+            self._positions = list(positions) if self._maybe_unkeyed else _keys(positions)
+
+
+def _keys(positions: Any = ()) -> array.array[int] | list[Any]:
+    """Positions in an indexable input (ints), in one block of memory: a capture copies them at once (a list
+    of 10,000 touches each of its ints, scattered in memory). A list where one is not an int that fits."""
+    if any(type(p) is not int for p in positions):  # (a bool, say: saved as it was)
+        return list(positions)
+    try:
+        return array.array("q", positions)
+    except OverflowError:
+        return list(positions)

@@ -101,7 +101,8 @@ class Saver:
             seed=pos.seed if pos.epoch >= 0 else None,
             seed_given=pos.seed_given,
             pending_seed=pos.user_seed if pos.reset_seed else None,
-            generator=pos.generator.state() if pos.generator is not None else None,
+            # new dicts and lists of ints: a background save takes them as they are (snapshot.hooks._fresh)
+            generator=_fresh.fresh(pos.generator.state()) if pos.generator is not None else None,
             service=self.service.checkpoint(pos, verify),
             service_name=type(self.service.service).__name__,
             graph_nodes=[],

@@ -91,6 +91,8 @@ def test_a_capture_says_fresh_the_positions_and_not_the_samples_held_by_value() 
         with _fresh.collecting() as fresh:
             state = shuffle_state(dl._saver.source(include_graph=False).service)
         assert {id(state["positions"]), id(state["buffer"]), id(state["rng"])} <= fresh.keys()
+        with _fresh.collecting() as fresh:
+            assert id(dl._saver.source(include_graph=False).generator) in fresh  # new dicts and lists of ints
         dl.restore_snapshot(by_value)  # the buffer holds its samples by value until they are swapped out
         next(iter(dl))
         with _fresh.collecting() as fresh:
@@ -191,6 +193,9 @@ def test_positions_are_copied_at_the_call_and_made_into_the_saved_list_while_the
         dl.save_snapshot(tmp_path / "sync.snap")
         future = dl.save_snapshot(tmp_path / "bg.snap", blocking=False)
         rest = list(it)  # every buffered position is replaced or popped
+        generator = dl._saver.position.generator.state()
+        next(iter(dl))  # the next epoch draws its seeds: the loader's generator moves on
+        assert dl._saver.position.generator.state() != generator
         hold.set()
         assert future.result(timeout=60) == os.fspath(tmp_path / "bg.snap")
     assert head + rest == reference

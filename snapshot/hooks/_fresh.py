@@ -10,11 +10,11 @@ background save captures (:func:`collecting`, in the thread that captures), the 
 kept, by identity, and the staging takes them as they are: 10,000 positions cost the save's blocking
 part nothing instead of a walk over them.
 
-A hook may also leave a value to be made later (:func:`later`): ``make`` builds it from a private copy
-its caller took (a buffer's keys held in one block of memory, copied at once, made into the list that
-is saved in the save's thread). While a background save captures, the capture holds a :class:`Later` in
-its place, and the save's thread puts ``make()`` there before it writes (:meth:`Collected.make_later`).
-Anywhere else, :func:`fresh` does nothing and :func:`later` returns ``make()``.
+A hook may also leave a value to be made later (:func:`later`), when ``make`` reads nothing the running
+graph changes (the ``None`` that stand for 10,000 samples saved by position: a list of 10,000 made in the
+save's thread). While a background save captures, the capture holds a :class:`Later` in its place, and the
+save's thread puts ``make()`` there before it writes (:meth:`Collected.make_later`). Anywhere else,
+:func:`fresh` does nothing and :func:`later` returns ``make()``.
 """
 
 from __future__ import annotations

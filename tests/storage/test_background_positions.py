@@ -174,10 +174,10 @@ def test_a_value_left_for_later_is_made_in_the_save_s_thread_where_the_staging_p
         fresh.make_later(_staging.stage(state, fresh))
 
 
-def test_positions_are_copied_at_the_call_and_made_into_the_saved_list_while_the_loader_goes_on(
+def test_what_a_capture_left_for_later_is_made_while_the_loader_goes_on_and_the_file_is_the_call_s(
         tmp_path: Any, monkeypatch: Any) -> None:
-    """The shuffle keeps an indexable input's positions in one block of memory: the capture copies them, the
-    save's thread makes the saved list of the copy, held here until the loader has finished its epoch."""
+    """The shuffle's list of None (one per position) is made in the save's thread, held here until the loader
+    has finished its epoch and drawn the next one's seeds: the file is a synchronous save's at the call."""
     with loader(indexed) as dl:
         reference = list(dl)
     hold, make_later = threading.Event(), _fresh.Collected.make_later
@@ -201,12 +201,12 @@ def test_positions_are_copied_at_the_call_and_made_into_the_saved_list_while_the
     assert head + rest == reference
     sync, bg = (format.unpack((tmp_path / name).read_bytes()) for name in ("sync.snap", "bg.snap"))
     assert bg.payload == sync.payload
-    positions = shuffle_state(snapshot.load(tmp_path / "bg.snap").state["service"])["positions"]
-    assert type(positions) is list and len(positions) == 16 and all(type(p) is int for p in positions)
+    saved = shuffle_state(snapshot.load(tmp_path / "bg.snap").state["service"])
+    assert len(saved["positions"]) == 16 and saved["buffer"] == [None] * 16
     with snapshot.DataLoader2(indexed(), buffer_state="positions") as dl:
         dl.restore_snapshot(tmp_path / "bg.snap")
         assert list(dl) == rest
-        dl.restore_snapshot(tmp_path / "bg.snap")  # restored positions are kept in one block again
+        dl.restore_snapshot(tmp_path / "bg.snap")
         it = iter(dl)
         again = [next(it) for _ in range(3)]
         later = dl.save_snapshot(tmp_path / "again.snap", blocking=False)
@@ -217,10 +217,13 @@ def test_positions_are_copied_at_the_call_and_made_into_the_saved_list_while_the
         assert list(dl) == rest[3:]
 
 
-def test_a_synchronous_capture_holds_the_positions_as_a_list() -> None:
+def test_a_synchronous_capture_makes_at_once_what_a_background_one_leaves_for_later() -> None:
     with loader(indexed) as dl:
         it = iter(dl)
         next(it)
-        positions = shuffle_state(dl._saver.source(include_graph=False).service)["positions"]
-        assert type(positions) is list and len(positions) == 16
-        assert shuffle_state(dl.save_snapshot().state["service"])["positions"] == positions
+        state = shuffle_state(dl._saver.source(include_graph=False).service)
+        assert state["buffer"] == [None] * 16 and len(state["positions"]) == 16
+        with _fresh.collecting() as fresh:
+            later = shuffle_state(dl._saver.source(include_graph=False).service)
+        assert isinstance(later["buffer"], _fresh.Later) and fresh.later == 1
+        assert later["positions"] == state["positions"]

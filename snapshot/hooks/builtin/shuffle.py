@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import array
 import functools
 import logging
 import operator
@@ -67,9 +66,8 @@ class ShufflerIterator(ResumableIterator):
         # first used; a restore sets its state instead (seeding it first would cost as much again).
         self._rng = random.Random.__new__(random.Random)
         self._seed: int | None = take_seed(datapipe) if self._enabled else None
-        #: Keys (input positions or addresses) parallel to ``_buffer`` (``None``: saved by value); positions
-        #: in an indexable input, every sample keyed, in one block of memory (see :func:`_keys`).
-        self._positions: list[Any] | array.array[int] | None = None
+        #: Keys (input positions or addresses) parallel to ``_buffer`` (``None``: saved by value).
+        self._positions: list[Any] | None = None
         self._reproducer: Any = _UNDECIDED
         #: Whether ``_positions`` may hold a ``None``: samples buffered before it was decided, restored by
         #: value, or from a reader whose samples may have no address (see :meth:`_unkeyed`).
@@ -87,8 +85,8 @@ class ShufflerIterator(ResumableIterator):
         if self._reproducer is _UNDECIDED:
             self._reproducer = reproducer_for(self._src)
             if isinstance(self._reproducer, Reproducer):
+                self._positions = [None] * len(self._buffer)
                 self._maybe_unkeyed = bool(self._buffer) or not self._reproducer.always_keyed
-                self._positions = [None] * len(self._buffer) if self._maybe_unkeyed else _keys()
             else:
                 logger.warning("shuffle buffer at %s keeps its samples by value: %s", self.path, self._reproducer)
         result: Reproducer | str = self._reproducer
@@ -119,7 +117,7 @@ class ShufflerIterator(ResumableIterator):
             return buffer.pop(randint(0, len(buffer) - 1))
         raise StopIteration
 
-    def _next_tracked(self, positions: list[Any] | array.array[int]) -> Any:
+    def _next_tracked(self, positions: list[Any]) -> Any:
         """:meth:`next`, keeping each buffered sample's input position (the same draws)."""
         buffer, src = self._buffer, self._src
         key = self._reproducer.key
@@ -162,27 +160,23 @@ class ShufflerIterator(ResumableIterator):
                  DRAINING: self._draining}
         by_position = (self.buffer_state == BufferState.POSITIONS and self._enabled
                        and isinstance(self._by_position(), Reproducer))
-        if by_position and type(self._positions) is array.array:
-            # every sample keyed: the keys copied at once (one copy of their memory), the list saved made of
-            # the copy later (in a background save's thread: see snapshot.hooks._fresh)
-            state[POSITIONS] = later(self._positions[:].tolist)
-            state[BUFFER] = later(functools.partial(operator.mul, [None], len(self._positions)))
-        elif by_position and self._positions is not None:
+        if by_position and self._positions is not None:
             positions = self._positions
-            # new lists (as the generator's state) of keys, never changed (only replaced), and of None: a
-            # background save takes them as they are (see snapshot.hooks._fresh)
+            # a new list (as the generator's state) of keys, never changed (only replaced): a background save
+            # takes it as it is, and makes the list of None in its thread (see snapshot.hooks._fresh)
             state[POSITIONS] = fresh(list(positions))
             # the samples restored by value and still buffered (None elsewhere); usually none (one pass in C)
             state[BUFFER] = ([x if p is None else None for x, p in zip(self._buffer, positions)]
-                             if self._unkeyed(positions) else fresh([None] * len(positions)))
+                             if self._unkeyed(positions) else later(functools.partial(operator.mul, [None],
+                                                                                      len(positions))))
         else:
             state[BUFFER] = list(self._buffer)
         return state
 
-    def _unkeyed(self, positions: list[Any] | array.array[int]) -> int:
+    def _unkeyed(self, positions: list[Any]) -> int:
         """How many buffered samples have no key (kept by value: restored so, or a reader's without an
         address); counted only while there may be some."""
-        if not self._maybe_unkeyed or type(positions) is not list:  # (the block of positions holds no None)
+        if not self._maybe_unkeyed:
             return 0
         unknown = positions.count(None)
         if not unknown and isinstance(self._reproducer, Reproducer) and self._reproducer.always_keyed:
@@ -211,17 +205,6 @@ class ShufflerIterator(ResumableIterator):
             buffer[i] = item
         self._buffer = buffer
         if self.buffer_state == BufferState.POSITIONS:
+            self._positions = list(positions)
             self._reproducer = reproducer
             self._maybe_unkeyed = len(keyed) < len(positions) or not reproducer.always_keyed
-            self._positions = list(positions) if self._maybe_unkeyed else _keys(positions)
-
-
-def _keys(positions: Any = ()) -> array.array[int] | list[Any]:
-    """Positions in an indexable input (ints), in one block of memory: a capture copies them at once (a list
-    of 10,000 touches each of its ints, scattered in memory). A list where one is not an int that fits."""
-    if any(type(p) is not int for p in positions):  # (a bool, say: saved as it was)
-        return list(positions)
-    try:
-        return array.array("q", positions)
-    except OverflowError:
-        return list(positions)

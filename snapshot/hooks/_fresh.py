@@ -1,4 +1,4 @@
-"""Values a capture made for itself: a background save takes them as they are.
+"""Values a capture made for itself: a background save takes them as they are, or makes them in its thread.
 
 A background save stages what it captured (:mod:`snapshot.storage._staging`): it copies every
 container and walks every list for samples to copy, so that the running graph cannot change what is
@@ -8,20 +8,78 @@ position, each made once by :meth:`~snapshot.hooks._positions.Reproducer.key` an
 never changed, and the ``None`` that stand for their samples). :func:`fresh` says so. While a
 background save captures (:func:`collecting`, in the thread that captures), the values said fresh are
 kept, by identity, and the staging takes them as they are: 10,000 positions cost the save's blocking
-part nothing instead of a walk over them. Anywhere else, :func:`fresh` does nothing.
+part nothing instead of a walk over them.
+
+A hook may also leave a value to be made later (:func:`later`), when ``make`` reads nothing the running
+graph changes (the ``None`` that stand for 10,000 samples saved by position: a list of 10,000 made in the
+save's thread). While a background save captures, the capture holds a :class:`Later` in its place, and the
+save's thread puts ``make()`` there before it writes (:meth:`Collected.make_later`). Anywhere else,
+:func:`fresh` does nothing and :func:`later` returns ``make()``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-__all__ = ["collecting", "fresh"]
+__all__ = ["Collected", "Later", "collecting", "fresh", "later"]
 
 _T = TypeVar("_T")
 _local = threading.local()
+
+
+class Later:
+    """Stands in a capture for ``make()``, made by the background save's thread."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make = make
+
+
+class Collected(dict[int, Any]):
+    """The values a capture said :func:`fresh` or left for :func:`later`, by ``id``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.later = 0
+
+    def make_later(self, value: Any) -> None:
+        """Put in ``value`` (what the capture became once staged: its dicts, lists and dataclasses are the
+        save's own) each :class:`Later`'s value; in the save's thread."""
+        if self.later and _make_later(value, self.later):
+            raise RuntimeError(f"a capture left {self.later} value(s) to make later, and not all of them were "
+                               "found in a dict, list or dataclass of what was staged")
+
+
+def _make_later(value: Any, left: int) -> int:
+    """:meth:`Collected.make_later` in ``value``: how many are left to make once it is walked."""
+    kind = type(value)
+    if kind is dict:
+        for key, item in value.items():
+            if type(item) is Later:
+                value[key], left = item.make(), left - 1  # (a key's value replaced: the dict does not resize)
+            elif type(item) in _WALKED or dataclasses.is_dataclass(item):
+                left = _make_later(item, left)
+            if not left:
+                break
+    elif kind is list:
+        for index, item in enumerate(value):
+            if type(item) is Later:
+                value[index], left = item.make(), left - 1
+            elif type(item) in _WALKED or dataclasses.is_dataclass(item):
+                left = _make_later(item, left)
+            if not left:
+                break
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        left = _make_later(vars(value), left)
+    return left
+
+
+_WALKED = frozenset({dict, list})
 
 
 def fresh(value: _T) -> _T:
@@ -32,10 +90,23 @@ def fresh(value: _T) -> _T:
     return value
 
 
+def later(make: Callable[[], _T]) -> _T | Later:
+    """``make()``; while a background save captures, a :class:`Later` that its thread makes. ``make`` reads
+    only what its caller copied for it (nothing the running graph changes) and returns a new value that
+    holds nothing anyone changes."""
+    found = getattr(_local, "found", None)
+    if found is None:
+        return make()
+    value = Later(make)
+    found[id(value)] = value  # taken by the staging as it is
+    found.later += 1
+    return value
+
+
 @contextlib.contextmanager
-def collecting() -> Iterator[dict[int, Any]]:
-    """The values said :func:`fresh` in this thread while the block runs, by ``id``."""
-    found: dict[int, Any] = {}
+def collecting() -> Iterator[Collected]:
+    """The values said :func:`fresh` (or left for :func:`later`) in this thread while the block runs, by ``id``."""
+    found = Collected()
     outer = getattr(_local, "found", None)
     _local.found = found
     try:

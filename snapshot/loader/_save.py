@@ -101,7 +101,8 @@ class Saver:
             seed=pos.seed if pos.epoch >= 0 else None,
             seed_given=pos.seed_given,
             pending_seed=pos.user_seed if pos.reset_seed else None,
-            generator=pos.generator.state() if pos.generator is not None else None,
+            # new dicts and lists of ints: a background save takes them as they are (snapshot.hooks._fresh)
+            generator=_fresh.fresh(pos.generator.state()) if pos.generator is not None else None,
             service=self.service.checkpoint(pos, verify),
             service_name=type(self.service.service).__name__,
             graph_nodes=[],
@@ -184,13 +185,14 @@ class Saver:
             done: Future[str] = Future()
             done.set_result(path)
             return done
-        with _fresh.collecting() as fresh:  # what the hooks made for this capture is taken as it is
+        with _fresh.collecting() as fresh:  # what the hooks made for this capture is taken as it is, or made later
             source = self._capture(dest, include_graph=include_graph, verify=verify, fixed=False)
         source.metadata = metadata  # checked plain data: staged as it is
         source = _staging.stage(source, fresh)
         fixed = self.fixed(include_graph)
 
         def background() -> str:
+            fresh.make_later(source)  # what the hooks left to make (snapshot.hooks._fresh), in this thread
             fixed.fill(source)  # in this thread: see _Fixed
             with _serialization.cooperative():
                 write(source, path, key=key, progress=False)  # a background save never draws a bar

@@ -124,6 +124,8 @@ class _Resident:
         self.pid = os.getpid()
         self.jobs: queue.SimpleQueue[tuple[_Save, Callable[[], Any]] | None] = queue.SimpleQueue()
         self.idle = threading.Lock()  # held from a save's hand-over to its end
+        #: A running future and an event for the next save, made by this thread ahead of it (see :func:`_parts`).
+        self.spares: list[tuple[SaveFuture, threading.Event]] = []
         import _thread
 
         _thread.start_new_thread(self._serve, ())
@@ -132,6 +134,8 @@ class _Resident:
         threading.current_thread().name = NAME  # known to threading (a dummy thread, as a daemon), by its name
         ident = threading.get_ident()
         while True:
+            if not self.spares:
+                self.spares.append(_made())
             try:
                 job = self.jobs.get(timeout=_IDLE_POLL)
             except queue.Empty:
@@ -151,6 +155,25 @@ class _Resident:
             return False
         self.jobs.put((save, fn))
         return True
+
+
+def _made() -> tuple[SaveFuture, threading.Event]:
+    """A save's running future and the event that says it finished."""
+    future = SaveFuture()
+    future.set_running_or_notify_cancel()
+    return future, threading.Event()
+
+
+def _parts() -> tuple[SaveFuture, threading.Event]:
+    """:func:`_made`, by the resident writer ahead of the save when it could (0.05 ms of a save's blocking
+    part): taken by one save only (``list.pop`` is atomic)."""
+    resident = _resident
+    if resident is not None and resident.pid == os.getpid():
+        try:
+            return resident.spares.pop()
+        except IndexError:
+            pass
+    return _made()
 
 
 _resident: _Resident | None = None
@@ -224,9 +247,8 @@ class BackgroundSaver:
     def submit(self, fn: Callable[[], Any], what: str) -> SaveFuture:
         """Run ``fn`` in the background once the previous save is done; its result in a future."""
         self.wait()
-        future = SaveFuture()
-        future.set_running_or_notify_cancel()
-        save = _Save(what, future)
+        future, finished = _parts()
+        save = _Save(what, future, finished=finished)
         self._save = save
         _running.add(save)
         resident = _resident

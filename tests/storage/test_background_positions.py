@@ -3,6 +3,7 @@ is (no walk, no copy), every sample still held by value is staged, and the file 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import threading
@@ -90,6 +91,8 @@ def test_a_capture_says_fresh_the_positions_and_not_the_samples_held_by_value() 
         with _fresh.collecting() as fresh:
             state = shuffle_state(dl._saver.source(include_graph=False).service)
         assert {id(state["positions"]), id(state["buffer"]), id(state["rng"])} <= fresh.keys()
+        with _fresh.collecting() as fresh:
+            assert id(dl._saver.source(include_graph=False).generator) in fresh  # new dicts and lists of ints
         dl.restore_snapshot(by_value)  # the buffer holds its samples by value until they are swapped out
         next(iter(dl))
         with _fresh.collecting() as fresh:
@@ -151,3 +154,76 @@ def test_a_background_save_by_position_writes_what_a_synchronous_save_writes(tmp
     with snapshot.DataLoader2(factory(), buffer_state="positions") as dl:
         dl.restore_snapshot(tmp_path / "bg.snap")
         assert list(dl) == rest
+
+
+def test_a_value_left_for_later_is_made_in_the_save_s_thread_where_the_staging_put_it() -> None:
+    @dataclasses.dataclass
+    class Record:
+        nodes: dict[str, Any]
+
+    assert _fresh.later(lambda: [1, 2]) == [1, 2]  # outside a capture: made at once
+    with _fresh.collecting() as fresh:
+        state = Record({"a": [{"positions": _fresh.later(lambda: [7, 8])}, _fresh.later(lambda: "x")]})
+    assert isinstance(state.nodes["a"][0]["positions"], _fresh.Later)
+    staged = _staging.stage(state, fresh)
+    fresh.make_later(staged)
+    assert staged.nodes == {"a": [{"positions": [7, 8]}, "x"]}
+    with _fresh.collecting() as fresh:
+        state = Record({"a": (_fresh.later(list),)})  # a tuple cannot take the value made
+    with pytest.raises(RuntimeError, match="1 value"):
+        fresh.make_later(_staging.stage(state, fresh))
+
+
+def test_what_a_capture_left_for_later_is_made_while_the_loader_goes_on_and_the_file_is_the_call_s(
+        tmp_path: Any, monkeypatch: Any) -> None:
+    """The shuffle's list of None (one per position) is made in the save's thread, held here until the loader
+    has finished its epoch and drawn the next one's seeds: the file is a synchronous save's at the call."""
+    with loader(indexed) as dl:
+        reference = list(dl)
+    hold, make_later = threading.Event(), _fresh.Collected.make_later
+
+    def held(self: Any, value: Any) -> None:
+        assert hold.wait(60), "the test never let the save go on"
+        make_later(self, value)
+
+    monkeypatch.setattr(_fresh.Collected, "make_later", held)
+    with loader(indexed) as dl:
+        it = iter(dl)
+        head = [next(it) for _ in range(5)]
+        dl.save_snapshot(tmp_path / "sync.snap")
+        future = dl.save_snapshot(tmp_path / "bg.snap", blocking=False)
+        rest = list(it)  # every buffered position is replaced or popped
+        generator = dl._saver.position.generator.state()
+        next(iter(dl))  # the next epoch draws its seeds: the loader's generator moves on
+        assert dl._saver.position.generator.state() != generator
+        hold.set()
+        assert future.result(timeout=60) == os.fspath(tmp_path / "bg.snap")
+    assert head + rest == reference
+    sync, bg = (format.unpack((tmp_path / name).read_bytes()) for name in ("sync.snap", "bg.snap"))
+    assert bg.payload == sync.payload
+    saved = shuffle_state(snapshot.load(tmp_path / "bg.snap").state["service"])
+    assert len(saved["positions"]) == 16 and saved["buffer"] == [None] * 16
+    with snapshot.DataLoader2(indexed(), buffer_state="positions") as dl:
+        dl.restore_snapshot(tmp_path / "bg.snap")
+        assert list(dl) == rest
+        dl.restore_snapshot(tmp_path / "bg.snap")
+        it = iter(dl)
+        again = [next(it) for _ in range(3)]
+        later = dl.save_snapshot(tmp_path / "again.snap", blocking=False)
+        again += list(it)
+        later.result(timeout=60)
+        assert again == rest
+        dl.restore_snapshot(tmp_path / "again.snap")
+        assert list(dl) == rest[3:]
+
+
+def test_a_synchronous_capture_makes_at_once_what_a_background_one_leaves_for_later() -> None:
+    with loader(indexed) as dl:
+        it = iter(dl)
+        next(it)
+        state = shuffle_state(dl._saver.source(include_graph=False).service)
+        assert state["buffer"] == [None] * 16 and len(state["positions"]) == 16
+        with _fresh.collecting() as fresh:
+            later = shuffle_state(dl._saver.source(include_graph=False).service)
+        assert isinstance(later["buffer"], _fresh.Later) and fresh.later == 1
+        assert later["positions"] == state["positions"]

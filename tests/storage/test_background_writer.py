@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import textwrap
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,26 @@ def test_a_background_save_runs_in_the_writer_the_first_iteration_started(tmp_pa
         dl.save_snapshot(tmp_path / "a.snap", blocking=False).result(timeout=60)
         dl.save_snapshot(tmp_path / "b.snap", blocking=False).result(timeout=60)
     assert set(named.names) == {_background.NAME}  # before: a new thread per save, "snapshot-save <path>"
+
+
+def test_the_writer_makes_the_next_save_s_future_ahead_of_it_and_each_save_has_its_own(tmp_path) -> None:
+    with positions_loader() as dl:
+        it = iter(dl)
+        next(it)
+        resident = _background._resident
+        assert resident is not None
+        futures = []
+        for name in ("a", "b", "c"):
+            for _ in range(600):  # the writer makes one as soon as it runs, and after each save
+                if resident.spares:
+                    break
+                time.sleep(0.1)
+            (spare, _finished), = resident.spares
+            futures.append(dl.save_snapshot(tmp_path / f"{name}.snap", blocking=False))
+            assert futures[-1] is spare
+            assert futures[-1].result(timeout=60) == os.fspath(tmp_path / f"{name}.snap")
+            next(it)
+        assert len({id(f) for f in futures}) == 3 and all(f.done() for f in futures)
 
 
 def test_a_save_while_the_writer_is_busy_gets_a_thread_of_its_own(tmp_path, named) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+import operator
 import random
 from typing import Any
 
@@ -10,7 +12,7 @@ import torch
 
 from snapshot.errors import RestoreError
 from snapshot.hooks._base import ResumableIterator
-from snapshot.hooks._fresh import fresh
+from snapshot.hooks._fresh import fresh, later
 from snapshot.hooks._positions import BufferState, Reproducer, reproducer_for
 from snapshot.hooks.builtin._rng import rng_state, set_rng_state
 
@@ -160,12 +162,13 @@ class ShufflerIterator(ResumableIterator):
                        and isinstance(self._by_position(), Reproducer))
         if by_position and self._positions is not None:
             positions = self._positions
-            # new lists (as the generator's state) of keys, never changed (only replaced), and of None: a
-            # background save takes them as they are (see snapshot.hooks._fresh)
+            # a new list (as the generator's state) of keys, never changed (only replaced): a background save
+            # takes it as it is, and makes the list of None in its thread (see snapshot.hooks._fresh)
             state[POSITIONS] = fresh(list(positions))
             # the samples restored by value and still buffered (None elsewhere); usually none (one pass in C)
             state[BUFFER] = ([x if p is None else None for x, p in zip(self._buffer, positions)]
-                             if self._unkeyed(positions) else fresh([None] * len(positions)))
+                             if self._unkeyed(positions) else later(functools.partial(operator.mul, [None],
+                                                                                      len(positions))))
         else:
             state[BUFFER] = list(self._buffer)
         return state

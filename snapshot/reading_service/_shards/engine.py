@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from snapshot.engine._hooked import generation
 from snapshot.engine.execution import Run, capture_persistent, restore_persistent, rewind
 from snapshot.engine.graph import Graph
 from snapshot.engine.plan import PlanLayout, RestoreStrategy, make_plan, plan_layout
@@ -136,10 +137,12 @@ class ShardEngine:
         self._routers: dict[str, Router | RemoteRouter] = {}
         self._runs: dict[int, Run | None] = {}
         self._seeds: EpochSeeds | None = None
-        # The epoch's plan layouts (the restore's, when it planned as a save does): each save of the
-        # epoch plans its shards at their counts without walking their graphs again.
+        # The epoch's plan layouts (the restore's, when it planned as a save does; else made when the epoch
+        # starts, see _lay_out): each save of the epoch plans its shards at their counts without walking their
+        # graphs again, and the first one does not make them. They hold while the hooks registered do.
         self._layouts: dict[int, PlanLayout] = {}
         self._upstream_layout: PlanLayout | None = None
+        self._hooks_seen = -1
 
     # -- epochs ---------------------------------------------------------------------------
 
@@ -184,6 +187,35 @@ class ShardEngine:
                 rng_states[shard] = raw_from_plain(plain) if plain else seeded_rng(seeds.rng_seed(shard))
             self._runs[shard] = self._shard_run(shard, seeds, saved, plans.get(shard), shard in replayed)
         self._rng.reset(rng_states)
+        self._lay_out()
+
+    def _lay_out(self) -> None:
+        """Make the layouts a capture plans with (0.1 ms a shard), while the epoch starts rather than in the
+        first save's blocking part. They depend on the graph and the hooks registered, not on the position.
+        A graph that cannot be planned is refused by the save that plans it, not here."""
+        try:
+            self._upstream_plan_layout()
+            for shard in self.shards:
+                if self._runs.get(shard) is not None:
+                    self._shard_plan_layout(shard)
+        except Exception:  # noqa: BLE001 - refused when a save needs the layout (see capture)
+            self._layouts, self._upstream_layout = {}, None
+        # (after: a package's hooks loaded at their first look-up are registered before they are read)
+        self._hooks_seen = generation()
+
+    def _upstream_plan_layout(self) -> PlanLayout | None:
+        """The layout of the part above the routers that runs here (``None``: none does)."""
+        if self._upstream is not None and self._upstream_layout is None:
+            sinks = [self.graph[r].inputs[0] for r in self._routers]
+            self._upstream_layout = plan_layout(self.graph, RestoreStrategy.AUTO, sinks=sinks)
+        return self._upstream_layout
+
+    def _shard_plan_layout(self, shard: int) -> PlanLayout:
+        layout = self._layouts.get(shard)
+        if layout is None:
+            layout = self._layouts[shard] = shard_layout(self._shard_graphs[shard], self.topology,
+                                                         RestoreStrategy.AUTO)
+        return layout
 
     def _shard_run(self, shard: int, seeds: EpochSeeds, saved: ShardState | None, plan: Any,
                    replays_port: bool) -> Run | None:
@@ -226,11 +258,11 @@ class ShardEngine:
     def capture(self) -> EngineState:
         """This engine's state: the part above the sharding point and each owned shard."""
         upstream = None
-        if self._upstream is not None:
-            if self._upstream_layout is None:
-                sinks = [self.graph[r].inputs[0] for r in self._routers]
-                self._upstream_layout = plan_layout(self.graph, RestoreStrategy.AUTO, sinks=sinks)
-            replayed = self._upstream_layout.replay
+        if self._hooks_seen != generation():  # hooks registered since the layouts were made
+            self._layouts, self._upstream_layout, self._hooks_seen = {}, None, generation()
+        upstream_layout = self._upstream_plan_layout()
+        if self._upstream is not None and upstream_layout is not None:
+            replayed = upstream_layout.replay
             upstream = UpstreamState(shards=list(self.shards), nodes=self._upstream.capture(replayed),
                                      routers={r: router.state() for r, router in self._routers.items()
                                               if isinstance(router, Router)},
@@ -245,10 +277,7 @@ class ShardEngine:
                 shards[shard] = ShardState(produced=None, graph_exhausted=True, rng=self._rng.state(shard),
                                            persistent=persistent)
                 continue
-            layout = self._layouts.get(shard)
-            if layout is None:
-                layout = self._layouts[shard] = shard_layout(graph, self.topology, RestoreStrategy.AUTO)
-            plan = layout.at(run.counts())
+            plan = self._shard_plan_layout(shard).at(run.counts())
             records = run.capture(plan.replay)
             shards[shard] = ShardState(produced=run.yielded, graph_exhausted=run.exhausted, nodes=records,
                                        plan=plan.record(), rng=self._rng.state(shard),

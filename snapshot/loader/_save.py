@@ -113,6 +113,9 @@ class Saver:
             readers=_readers(graph),
         )
         if verify:
+            # the graph computes ahead from here: what the capture holds of its live state (a user pipe's
+            # state_dict may return its own dict) is copied first, else the file would hold the state after
+            source.service = _staging.stage(source.service, _fresh.collected() or {})
             source.verify = pos.ahead(verify)
         if fixed:
             self.fixed(include_graph).fill(source)

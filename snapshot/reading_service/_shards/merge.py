@@ -11,8 +11,10 @@ from typing import Any
 from snapshot.engine.randomness import EpochSeeds
 from snapshot.reading_service._shards.engine import EngineState
 from snapshot.schema import ServiceState, ShardState
+from snapshot.schema.state import NodeState
+from snapshot.storage._staging import stage
 
-__all__ = ["CONSUMED", "RoundRobin", "merge_state_for", "owners", "service_state"]
+__all__ = ["CONSUMED", "RoundRobin", "merge_state_for", "owners", "service_state", "staged"]
 
 #: Keys of the merge's own record (:meth:`RoundRobin.state`, the service record's ``merge``):
 #: the shards merged, whose turn it is, the shards the merge saw end, samples taken per shard.
@@ -119,3 +121,42 @@ def service_state(name: str, layout: Mapping[str, Any], seeds: EpochSeeds, merge
         record.finished = shard in merge.exhausted
     return ServiceState(service=name, layout=dict(layout), seeds=seeds.record(), merge=merge.state(),
                         upstream=upstream, shards=shards)
+
+
+def staged(state: ServiceState, fresh: Mapping[int, Any]) -> ServiceState:
+    """``state`` (just made by :meth:`~snapshot.reading_service._shards.service.ShardedService.record`) for a
+    background save, which encodes it in its own thread: in place, each value in it that the running graph, its
+    hooks or the training step may change later is replaced by a staged copy (:func:`.stage`; ``fresh``: what
+    the capture said fresh, taken as it is). These are the hooks' states (a user pipe's ``state_dict`` may return
+    its live dict), the states kept across epochs, a node's pass, the samples in flight and queued at a router
+    (the step may change a sample in place), the deal of a split router and the upstream's generator states.
+
+    The rest is new and holds only values nobody changes, so it is not walked: the records (made by this
+    capture: :meth:`.Run.capture`'s ``NodeState``, the engine's, :func:`service_state`'s), the plan's record
+    (tuples and new dicts of text), the generator states of a shard and of the tail (``_rng.plain_rng``: new
+    dicts, lists of ints, bytes), the layout (``_layout`` builds it), the seeds' record (new dicts and list of
+    ints) and the merge's (:meth:`RoundRobin.state`: new lists and dict of ints). A worker's records are new
+    as well (unpickled from its message); the samples it had sent are in ``in_flight``, staged."""
+    def nodes(records: Mapping[str, NodeState]) -> None:
+        for node in records.values():
+            if node.state is not None:
+                node.state = stage(node.state, fresh)
+            if node.passes is not None:
+                node.passes = stage(node.passes, fresh)
+
+    for upstream in state.upstream:
+        nodes(upstream.nodes)
+        upstream.persistent = stage(upstream.persistent, fresh)
+        upstream.rng = stage(upstream.rng, fresh)
+        for router in upstream.routers.values():
+            router.queues = stage(router.queues, fresh)
+            router.deal = stage(router.deal, fresh)
+    for record in state.shards:
+        if record is not None:
+            nodes(record.nodes)
+            record.persistent = stage(record.persistent, fresh)
+            record.in_flight = stage(record.in_flight, fresh)
+    if state.tail is not None:
+        nodes(state.tail.nodes)
+        state.tail.persistent = stage(state.tail.persistent, fresh)
+    return state

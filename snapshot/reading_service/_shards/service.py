@@ -9,6 +9,7 @@ so a snapshot moves freely between in-process, any number of workers and any num
 
 from __future__ import annotations
 
+import functools
 import logging
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Sequence
@@ -20,9 +21,10 @@ from snapshot.engine.plan import RestoreStrategy
 from snapshot.engine.randomness import EpochSeeds, SeedGenerator, epoch_seeds
 from snapshot.engine.sharding import WHOLE, Topology, WorkerInfo, analyze
 from snapshot.errors import LayoutError, ShardingError
+from snapshot.hooks import _fresh
 from snapshot.reading_service._rng import GlobalRNG
 from snapshot.reading_service._shards.engine import EngineState, ShardEngine
-from snapshot.reading_service._shards.merge import RoundRobin, merge_state_for, service_state
+from snapshot.reading_service._shards.merge import RoundRobin, merge_state_for, service_state, staged
 from snapshot.reading_service._shards.recombine import parts, recombine
 from snapshot.reading_service._shards.split import no_split, split, unsplittable
 from snapshot.reading_service._shards.tail import Tail, check_restarted
@@ -230,7 +232,13 @@ class ShardedService(ReadingServiceInterface):
 
     def checkpoint(self) -> ServiceCheckpoint:
         record = self.record()
-        return {} if record is None else record.to_dict()
+        if record is None:
+            return {}
+        fresh = _fresh.collected()
+        if fresh is None:
+            return record.to_dict()
+        # a background save: what the running graph may change is staged now, the dicts made in its thread
+        return _fresh.later(functools.partial(ServiceState.to_dict, staged(record, fresh)))  # type: ignore[return-value]
 
     def record(self) -> ServiceState | None:
         """The running epoch's state as its record (``None`` before the first epoch); see :meth:`checkpoint`."""

@@ -9,7 +9,6 @@ so a snapshot moves freely between in-process, any number of workers and any num
 
 from __future__ import annotations
 
-import functools
 import logging
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Sequence
@@ -24,7 +23,7 @@ from snapshot.errors import LayoutError, ShardingError
 from snapshot.hooks import _fresh
 from snapshot.reading_service._rng import GlobalRNG
 from snapshot.reading_service._shards.engine import EngineState, ShardEngine
-from snapshot.reading_service._shards.merge import RoundRobin, merge_state_for, service_state, staged
+from snapshot.reading_service._shards.merge import RoundRobin, Taken, merge_state_for
 from snapshot.reading_service._shards.recombine import parts, recombine
 from snapshot.reading_service._shards.split import no_split, split, unsplittable
 from snapshot.reading_service._shards.tail import Tail, check_restarted
@@ -231,17 +230,20 @@ class ShardedService(ReadingServiceInterface):
     # -- checkpoint / restore ---------------------------------------------------------------
 
     def checkpoint(self) -> ServiceCheckpoint:
-        record = self.record()
-        if record is None:
+        taken = self._take()
+        if taken is None:
             return {}
         fresh = _fresh.collected()
-        if fresh is None:
-            return record.to_dict()
-        # a background save: what the running graph may change is staged now, the dicts made in its thread
-        return _fresh.later(functools.partial(ServiceState.to_dict, staged(record, fresh)))  # type: ignore[return-value]
+        # a background save: what the running graph may change is staged now, the record made in its thread
+        return taken.checkpoint() if fresh is None else _fresh.later(taken.staged(fresh).checkpoint)  # type: ignore[return-value]
 
     def record(self) -> ServiceState | None:
         """The running epoch's state as its record (``None`` before the first epoch); see :meth:`checkpoint`."""
+        taken = self._take()
+        return None if taken is None else taken.record()
+
+    def _take(self) -> Taken | None:
+        """What the record is made of, taken now (see :class:`.Taken`)."""
         if self._executor is None or self._merge is None or self._seeds is None:
             return None
         engines, pending = self._executor.capture()
@@ -253,10 +255,10 @@ class ShardedService(ReadingServiceInterface):
         why = no_split(self._require_analysis(), one_piece=self._units == 1)
         if why is not None:
             layout[NO_SPLIT] = why
-        state = service_state(type(self).__name__, layout, self._seeds, self._merge, engines, self._units)
+        taken = Taken.take(type(self).__name__, layout, self._seeds, self._merge, engines, self._units)
         if self._tail is not None:
-            state.tail = self._tail.capture()
-        return state
+            taken.tail = self._tail.capture()
+        return taken
 
     def plan(self, state: ServiceCheckpoint | ServiceState) -> ReshardPlan:
         """The re-shard plan of a restore of ``state`` onto this service alone (one rank)."""

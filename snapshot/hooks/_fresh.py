@@ -46,6 +46,9 @@ class Collected(dict[int, Any]):
     def __init__(self) -> None:
         super().__init__()
         self.later = 0
+        #: The reading service the loader asks directly for its checkpoint: only its own ``checkpoint`` may leave
+        #: the record for later (a service that wraps another, or overrides it, may change the dict it returns).
+        self.service: Any = None
 
     def make_later(self, value: Any) -> None:
         """Put in ``value`` (what the capture became once staged: its dicts, lists and dataclasses are the

@@ -189,6 +189,7 @@ class Saver:
             done.set_result(path)
             return done
         with _fresh.collecting() as fresh:  # what the hooks made for this capture is taken as it is, or made later
+            fresh.service = self.service.service
             source = self._capture(dest, include_graph=include_graph, verify=verify, fixed=False)
         source.metadata = metadata  # checked plain data: staged as it is
         source = _staging.stage(source, fresh)

@@ -133,6 +133,9 @@ def test_the_service_record_is_left_for_the_save_s_thread_with_the_user_state_co
         for _ in range(5):
             next(it)
         with _fresh.collecting() as fresh:
+            assert isinstance(dl._saver.source(include_graph=False).service, dict)  # asked by another than the loader
+        with _fresh.collecting() as fresh:
+            fresh.service = dl._saver.service.service  # the loader asks it
             source = dl._saver.source(include_graph=False)
         assert isinstance(source.service, _fresh.Later) and id(source.service) in fresh
         pipe = dl._saver.graph.require().sink
@@ -142,3 +145,23 @@ def test_the_service_record_is_left_for_the_save_s_thread_with_the_user_state_co
         (state,) = [r["state"] for u in service["upstream"] for r in u["nodes"].values()
                     if isinstance(r["state"], dict) and "seen" in r["state"]]
         assert state == pipe._state and state is not pipe._state and state["seen"] is not pipe._state["seen"]
+
+
+class Noted(snapshot.InProcessReadingService):
+    """A user's service that adds to the checkpoint dict of the service it extends."""
+
+    def checkpoint(self) -> Any:
+        state = super().checkpoint()
+        state["note"] = "kept"
+        return state
+
+
+def test_a_service_that_changes_the_checkpoint_it_extends_gets_the_dict(tmp_path: Any) -> None:
+    with snapshot.DataLoader2(indexed(), reading_service=Noted(), buffer_state="positions") as dl:
+        it = iter(dl)
+        for _ in range(4):
+            next(it)
+        dl.save_snapshot(tmp_path / "sync.snap")
+        dl.save_snapshot(tmp_path / "bg.snap", blocking=False).result(timeout=60)
+    sync, bg = (format.unpack((tmp_path / name).read_bytes()) for name in ("sync.snap", "bg.snap"))
+    assert bg.payload == sync.payload and snapshot.load(tmp_path / "bg.snap").state["service"]["note"] == "kept"

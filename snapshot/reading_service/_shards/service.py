@@ -234,8 +234,10 @@ class ShardedService(ReadingServiceInterface):
         if taken is None:
             return {}
         fresh = _fresh.collected()
+        if fresh is None or fresh.service is not self or type(self).checkpoint is not ShardedService.checkpoint:
+            return taken.checkpoint()  # (a service that wraps this one or overrides this may change the dict)
         # a background save: what the running graph may change is staged now, the record made in its thread
-        return taken.checkpoint() if fresh is None else _fresh.later(taken.staged(fresh).checkpoint)  # type: ignore[return-value]
+        return _fresh.later(taken.staged(fresh).checkpoint)  # type: ignore[return-value]
 
     def record(self) -> ServiceState | None:
         """The running epoch's state as its record (``None`` before the first epoch); see :meth:`checkpoint`."""

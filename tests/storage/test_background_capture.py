@@ -64,6 +64,14 @@ def unbox(x: list[list[int]]) -> list[int]:
     return x[0]
 
 
+def dispatched(n: int = 40) -> Any:
+    """The part above the dispatcher (the user pipe) runs in the main process, the rest in the workers."""
+    from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
+
+    dispatcher = pytest.importorskip("torchdata.datapipes.iter").ShardingRoundRobinDispatcher
+    return dispatcher(LiveCounter(n).map(boxed).shuffle(buffer_size=5), SHARDING_PRIORITIES.MULTIPROCESSING)
+
+
 def indexed(n: int = 60) -> Any:
     return IterableWrapper(range(n)).map(boxed).shuffle(buffer_size=8).sharding_filter()
 
@@ -72,6 +80,7 @@ CASES = {
     "user pipe": (live, lambda: None),
     "sharding point": (sharded, lambda: snapshot.InProcessReadingService(logical_shards=2)),
     "2 workers": (sharded, lambda: snapshot.MultiProcessingReadingService(num_workers=2, timeout=60)),
+    "2 workers, dispatcher": (dispatched, lambda: snapshot.MultiProcessingReadingService(num_workers=2, timeout=60)),
     "2 workers, positions": (indexed, lambda: snapshot.MultiProcessingReadingService(num_workers=2, timeout=60)),
 }
 

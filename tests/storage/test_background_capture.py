@@ -9,6 +9,7 @@ import threading
 from typing import Any
 
 import pytest
+import torch
 from torch.utils.data import IterDataPipe
 from torch.utils.data.datapipes.iter import IterableWrapper
 
@@ -174,3 +175,34 @@ def test_a_service_that_changes_the_checkpoint_it_extends_gets_the_dict(tmp_path
         dl.save_snapshot(tmp_path / "bg.snap", blocking=False).result(timeout=60)
     sync, bg = (format.unpack((tmp_path / name).read_bytes()) for name in ("sync.snap", "bg.snap"))
     assert bg.payload == sync.payload and snapshot.load(tmp_path / "bg.snap").state["service"]["note"] == "kept"
+
+
+def tensor(i: int) -> torch.Tensor:
+    return torch.full((2,), float(i))
+
+
+def bump(t: torch.Tensor) -> torch.Tensor:
+    t.add_(1000)  # a pipe below the buffer that changes its sample in place
+    return t
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_a_save_with_verify_writes_the_buffer_as_it_was_before_the_graph_computed_ahead(tmp_path: Any,
+                                                                                        blocking: bool) -> None:
+    """``verify`` computes samples ahead after the capture: the samples it takes out of the buffer are changed
+    in place below it, and the file holds them as they were at the call."""
+    def graph() -> Any:
+        return IterableWrapper(range(30)).map(tensor).shuffle(buffer_size=8).map(bump)
+
+    with snapshot.DataLoader2(graph(), buffer_state="values") as dl:
+        dl.seed(1)
+        it = iter(dl)
+        for _ in range(3):
+            next(it)
+        saved = dl.save_snapshot(tmp_path / "v.snap", blocking=blocking, verify=2)
+        if not blocking:
+            saved.result(timeout=60)
+        rest = [x.tolist() for x in it]
+    with snapshot.DataLoader2(graph(), buffer_state="values") as dl:
+        dl.restore_snapshot(tmp_path / "v.snap")
+        assert [x.tolist() for x in dl] == rest

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from snapshot.engine.randomness import EpochSeeds
+from snapshot.hooks import _fresh
 from snapshot.reading_service._shards.engine import EngineState
 from snapshot.schema import SeedsState, ServiceState, ShardState
 from snapshot.schema.state import NodeState, TailState
@@ -117,10 +118,10 @@ class Taken:
 
     @classmethod
     def take(cls, name: str, layout: dict[str, Any], seeds: EpochSeeds, merge: RoundRobin,
-             engines: Sequence[EngineState], count: int) -> Taken:
+             engines: Sequence[EngineState], count: int, tail: TailState | None) -> Taken:
         """``layout``: new (the service's ``_layout`` builds it)."""
         return cls(name, layout, seeds.record(), merge.state(), {s: list(merge.in_flight[s]) for s in merge.shards},
-                   engines, count)
+                   engines, count, tail)
 
     def record(self) -> ServiceState:
         """The checkpoint every sharded service returns (see ``ServiceCheckpoint``).
@@ -152,6 +153,16 @@ class Taken:
     def checkpoint(self) -> dict[str, Any]:
         """:meth:`record` as the dict a service's ``checkpoint`` returns."""
         return self.record().to_dict()
+
+    def later(self, service: Any, plain: bool) -> Any:
+        """:meth:`checkpoint`; in a background save's capture that asks ``service`` itself for it (``plain``: its
+        class keeps ``ShardedService.checkpoint``), a :class:`~snapshot.hooks._fresh.Later` that the save's thread
+        makes, once what the running graph may change is staged (:meth:`staged`). A service that wraps this one,
+        or a subclass that extends its ``checkpoint``, may change the dict it gets: it gets it at once."""
+        fresh = _fresh.collected()
+        if fresh is None or fresh.service is not service or not plain:
+            return self.checkpoint()
+        return _fresh.later(self.staged(fresh).checkpoint)
 
     def staged(self, fresh: Mapping[int, Any]) -> Taken:
         """These values for a background save, whose thread makes the :meth:`record` (``fresh``: what the capture

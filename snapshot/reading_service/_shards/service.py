@@ -20,7 +20,6 @@ from snapshot.engine.plan import RestoreStrategy
 from snapshot.engine.randomness import EpochSeeds, SeedGenerator, epoch_seeds
 from snapshot.engine.sharding import WHOLE, Topology, WorkerInfo, analyze
 from snapshot.errors import LayoutError, ShardingError
-from snapshot.hooks import _fresh
 from snapshot.reading_service._rng import GlobalRNG
 from snapshot.reading_service._shards.engine import EngineState, ShardEngine
 from snapshot.reading_service._shards.merge import RoundRobin, Taken, merge_state_for
@@ -230,19 +229,12 @@ class ShardedService(ReadingServiceInterface):
     # -- checkpoint / restore ---------------------------------------------------------------
 
     def checkpoint(self) -> ServiceCheckpoint:
-        taken = self._take()
-        if taken is None:
-            return {}
-        fresh = _fresh.collected()
-        if fresh is None or fresh.service is not self or type(self).checkpoint is not ShardedService.checkpoint:
-            return taken.checkpoint()  # (a service that wraps this one or overrides this may change the dict)
-        # a background save: what the running graph may change is staged now, the record made in its thread
-        return _fresh.later(taken.staged(fresh).checkpoint)  # type: ignore[return-value]
+        taken = self._take()  # (a background save may make the dict in its thread: see Taken.later)
+        return {} if taken is None else taken.later(self, type(self).checkpoint is ShardedService.checkpoint)
 
     def record(self) -> ServiceState | None:
         """The running epoch's state as its record (``None`` before the first epoch); see :meth:`checkpoint`."""
-        taken = self._take()
-        return None if taken is None else taken.record()
+        return None if (taken := self._take()) is None else taken.record()
 
     def _take(self) -> Taken | None:
         """What the record is made of, taken now (see :class:`.Taken`)."""
@@ -257,10 +249,8 @@ class ShardedService(ReadingServiceInterface):
         why = no_split(self._require_analysis(), one_piece=self._units == 1)
         if why is not None:
             layout[NO_SPLIT] = why
-        taken = Taken.take(type(self).__name__, layout, self._seeds, self._merge, engines, self._units)
-        if self._tail is not None:
-            taken.tail = self._tail.capture()
-        return taken
+        return Taken.take(type(self).__name__, layout, self._seeds, self._merge, engines, self._units,
+                          self._tail.capture() if self._tail is not None else None)
 
     def plan(self, state: ServiceCheckpoint | ServiceState) -> ReshardPlan:
         """The re-shard plan of a restore of ``state`` onto this service alone (one rank)."""

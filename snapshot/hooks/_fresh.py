@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-__all__ = ["Collected", "Later", "collecting", "fresh", "later"]
+__all__ = ["Collected", "Later", "collected", "collecting", "fresh", "later"]
 
 _T = TypeVar("_T")
 _local = threading.local()
@@ -46,6 +46,9 @@ class Collected(dict[int, Any]):
     def __init__(self) -> None:
         super().__init__()
         self.later = 0
+        #: The reading service the loader asks directly for its checkpoint: only its own ``checkpoint`` may leave
+        #: the record for later (a service that wraps another, or overrides it, may change the dict it returns).
+        self.service: Any = None
 
     def make_later(self, value: Any) -> None:
         """Put in ``value`` (what the capture became once staged: its dicts, lists and dataclasses are the
@@ -61,16 +64,18 @@ def _make_later(value: Any, left: int) -> int:
     if kind is dict:
         for key, item in value.items():
             if type(item) is Later:
-                value[key], left = item.make(), left - 1  # (a key's value replaced: the dict does not resize)
-            elif type(item) in _WALKED or dataclasses.is_dataclass(item):
-                left = _make_later(item, left)
+                value[key] = item = item.make()  # (a key's value replaced: the dict does not resize)
+                left -= 1
+            if left and (type(item) in _WALKED or dataclasses.is_dataclass(item)):
+                left = _make_later(item, left)  # (a made value may hold a Later of its own: a service's record)
             if not left:
                 break
     elif kind is list:
         for index, item in enumerate(value):
             if type(item) is Later:
-                value[index], left = item.make(), left - 1
-            elif type(item) in _WALKED or dataclasses.is_dataclass(item):
+                value[index] = item = item.make()
+                left -= 1
+            if left and (type(item) in _WALKED or dataclasses.is_dataclass(item)):
                 left = _make_later(item, left)
             if not left:
                 break
@@ -101,6 +106,11 @@ def later(make: Callable[[], _T]) -> _T | Later:
     found[id(value)] = value  # taken by the staging as it is
     found.later += 1
     return value
+
+
+def collected() -> Collected | None:
+    """What this thread's background capture collects so far (``None``: no background save captures here)."""
+    return getattr(_local, "found", None)
 
 
 @contextlib.contextmanager

@@ -113,6 +113,9 @@ class Saver:
             readers=_readers(graph),
         )
         if verify:
+            # the graph computes ahead from here: what the capture holds of its live state (a user pipe's
+            # state_dict may return its own dict) is copied first, else the file would hold the state after
+            source.service = _staging.stage(source.service, _fresh.collected() or {})
             source.verify = pos.ahead(verify)
         if fixed:
             self.fixed(include_graph).fill(source)
@@ -186,6 +189,7 @@ class Saver:
             done.set_result(path)
             return done
         with _fresh.collecting() as fresh:  # what the hooks made for this capture is taken as it is, or made later
+            fresh.service = self.service.service
             source = self._capture(dest, include_graph=include_graph, verify=verify, fixed=False)
         source.metadata = metadata  # checked plain data: staged as it is
         source = _staging.stage(source, fresh)

@@ -51,8 +51,11 @@ def loader(factory: Any, buffer_state: str = "positions") -> snapshot.DataLoader
     return dl
 
 
-def shuffle_state(service: dict[str, Any]) -> dict[str, Any]:
-    """The state of the shuffle in a service's record (a capture's ``service``, a snapshot's ``state["service"]``)."""
+def shuffle_state(service: Any) -> dict[str, Any]:
+    """The state of the shuffle in a service's record (a capture's ``service``, a snapshot's ``state["service"]``;
+    a background capture leaves the record's dicts to its save's thread: made here)."""
+    if isinstance(service, _fresh.Later):
+        service = service.make()
     (state,) = [r["state"] for r in service["shards"][0]["nodes"].values()
                 if isinstance(r["state"], dict) and "positions" in r["state"]]
     return state

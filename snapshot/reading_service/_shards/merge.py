@@ -6,13 +6,17 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from snapshot.engine.randomness import EpochSeeds
+from snapshot.hooks import _fresh
 from snapshot.reading_service._shards.engine import EngineState
-from snapshot.schema import ServiceState, ShardState
+from snapshot.schema import SeedsState, ServiceState, ShardState
+from snapshot.schema.state import NodeState, TailState
+from snapshot.storage._staging import stage
 
-__all__ = ["CONSUMED", "RoundRobin", "merge_state_for", "owners", "service_state"]
+__all__ = ["CONSUMED", "RoundRobin", "Taken", "merge_state_for", "owners"]
 
 #: Keys of the merge's own record (:meth:`RoundRobin.state`, the service record's ``merge``):
 #: the shards merged, whose turn it is, the shards the merge saw end, samples taken per shard.
@@ -96,26 +100,105 @@ def _copy(record: ShardState) -> ShardState:
     return copy
 
 
-def service_state(name: str, layout: Mapping[str, Any], seeds: EpochSeeds, merge: RoundRobin,
-                  engines: Sequence[EngineState], count: int) -> ServiceState:
-    """The checkpoint every sharded service returns (see ``ServiceCheckpoint``).
+@dataclass
+class Taken:
+    """What a sharded service's checkpoint is made of, taken at the call (:meth:`take`): the engines' records
+    (new: :meth:`.ShardEngine.capture` builds them, a worker's are unpickled from its message), the tail's, and
+    copies of what the service keeps changing (the merge's position, the samples in flight); :meth:`record`
+    makes the checkpoint of them, in a background save's thread (see :meth:`staged`)."""
 
-    ``shards`` has one record per logical shard (``None`` for shards this process does not
-    own, which a distributed snapshot fills in from the other ranks).
-    """
-    shards: list[ShardState | None] = [None] * count
-    upstream = []
-    for engine in engines:
-        if engine.upstream is not None:
-            upstream.append(engine.upstream)
-        for shard, record in engine.shards.items():
-            shards[int(shard)] = None if record is None else _copy(record)
-    for shard in merge.shards:
-        record = shards[shard]
-        assert record is not None
-        record.shard = shard
-        record.yielded = merge.consumed[shard]
-        record.in_flight = list(merge.in_flight[shard])
-        record.finished = shard in merge.exhausted
-    return ServiceState(service=name, layout=dict(layout), seeds=seeds.record(), merge=merge.state(),
-                        upstream=upstream, shards=shards)
+    name: str
+    layout: dict[str, Any]
+    seeds: SeedsState
+    merge: dict[str, Any]
+    in_flight: dict[int, list[Any]]
+    engines: Sequence[EngineState]
+    count: int
+    tail: TailState | None = None
+
+    @classmethod
+    def take(cls, name: str, layout: dict[str, Any], seeds: EpochSeeds, merge: RoundRobin,
+             engines: Sequence[EngineState], count: int, tail: TailState | None) -> Taken:
+        """``layout``: new (the service's ``_layout`` builds it)."""
+        return cls(name, layout, seeds.record(), merge.state(), {s: list(merge.in_flight[s]) for s in merge.shards},
+                   engines, count, tail)
+
+    def record(self) -> ServiceState:
+        """The checkpoint every sharded service returns (see ``ServiceCheckpoint``).
+
+        ``shards`` has one record per logical shard (``None`` for shards this process does not
+        own, which a distributed snapshot fills in from the other ranks).
+        """
+        shards: list[ShardState | None] = [None] * self.count
+        upstream = []
+        for engine in self.engines:
+            if engine.upstream is not None:
+                upstream.append(engine.upstream)
+            for shard, record in engine.shards.items():
+                shards[int(shard)] = None if record is None else _copy(record)
+        merge = self.merge
+        consumed, ended = merge[CONSUMED], set(merge[ENDED])
+        for shard in merge[SHARDS]:
+            record = shards[shard]
+            assert record is not None
+            record.shard = shard
+            record.yielded = consumed[shard]
+            record.in_flight = self.in_flight[shard]
+            record.finished = shard in ended
+        state = ServiceState(service=self.name, layout=self.layout, seeds=self.seeds, merge=merge, upstream=upstream,
+                             shards=shards)
+        state.tail = self.tail
+        return state
+
+    def checkpoint(self) -> dict[str, Any]:
+        """:meth:`record` as the dict a service's ``checkpoint`` returns."""
+        return self.record().to_dict()
+
+    def later(self, service: Any, plain: bool) -> Any:
+        """:meth:`checkpoint`; in a background save's capture that asks ``service`` itself for it (``plain``: its
+        class keeps ``ShardedService.checkpoint``), a :class:`~snapshot.hooks._fresh.Later` that the save's thread
+        makes, once what the running graph may change is staged (:meth:`staged`). A service that wraps this one,
+        or a subclass that extends its ``checkpoint``, may change the dict it gets: it gets it at once."""
+        fresh = _fresh.collected()
+        if fresh is None or fresh.service is not service or not plain:
+            return self.checkpoint()
+        return _fresh.later(self.staged(fresh).checkpoint)
+
+    def staged(self, fresh: Mapping[int, Any]) -> Taken:
+        """These values for a background save, whose thread makes the :meth:`record` (``fresh``: what the capture
+        said fresh, taken as it is): in place, each value here that the running graph, its hooks or the training
+        step may change later is replaced by a staged copy (:func:`.stage`). These are the hooks' states (a user
+        pipe's ``state_dict`` may return its live dict), the states kept across epochs, a node's pass, the samples
+        in flight and queued at a router (the step may change a sample in place), the deal of a split router and
+        the upstream's generator states.
+
+        The rest is new and holds only values nobody changes, so it is not walked: the records (made by this
+        capture: :meth:`.Run.capture`'s ``NodeState``, the engine's, the tail's), the plan's record (tuples and
+        new dicts of text), the generator states of a shard and of the tail (``_rng.plain_rng``: new dicts, lists
+        of ints, bytes), the layout, the seeds' record (new dicts and a list of ints) and the merge's
+        (:meth:`RoundRobin.state`: new lists and dict of ints)."""
+        def nodes(records: Mapping[str, NodeState]) -> None:
+            for node in records.values():
+                if node.state is not None:
+                    node.state = stage(node.state, fresh)
+                if node.passes is not None:
+                    node.passes = stage(node.passes, fresh)
+
+        for engine in self.engines:
+            upstream = engine.upstream
+            if upstream is not None:
+                nodes(upstream.nodes)
+                upstream.persistent = stage(upstream.persistent, fresh)
+                upstream.rng = stage(upstream.rng, fresh)
+                for router in upstream.routers.values():
+                    router.queues = stage(router.queues, fresh)
+                    router.deal = stage(router.deal, fresh)
+            for record in engine.shards.values():
+                if record is not None:
+                    nodes(record.nodes)
+                    record.persistent = stage(record.persistent, fresh)
+        self.in_flight = stage(self.in_flight, fresh)
+        if self.tail is not None:
+            nodes(self.tail.nodes)
+            self.tail.persistent = stage(self.tail.persistent, fresh)
+        return self

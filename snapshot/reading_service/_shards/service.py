@@ -22,7 +22,7 @@ from snapshot.engine.sharding import WHOLE, Topology, WorkerInfo, analyze
 from snapshot.errors import LayoutError, ShardingError
 from snapshot.reading_service._rng import GlobalRNG
 from snapshot.reading_service._shards.engine import EngineState, ShardEngine
-from snapshot.reading_service._shards.merge import RoundRobin, merge_state_for, service_state
+from snapshot.reading_service._shards.merge import RoundRobin, Taken, merge_state_for
 from snapshot.reading_service._shards.recombine import parts, recombine
 from snapshot.reading_service._shards.split import no_split, split, unsplittable
 from snapshot.reading_service._shards.tail import Tail, check_restarted
@@ -229,11 +229,15 @@ class ShardedService(ReadingServiceInterface):
     # -- checkpoint / restore ---------------------------------------------------------------
 
     def checkpoint(self) -> ServiceCheckpoint:
-        record = self.record()
-        return {} if record is None else record.to_dict()
+        taken = self._take()  # (a background save may make the dict in its thread: see Taken.later)
+        return {} if taken is None else taken.later(self, type(self).checkpoint is ShardedService.checkpoint)
 
     def record(self) -> ServiceState | None:
         """The running epoch's state as its record (``None`` before the first epoch); see :meth:`checkpoint`."""
+        return None if (taken := self._take()) is None else taken.record()
+
+    def _take(self) -> Taken | None:
+        """What the record is made of, taken now (see :class:`.Taken`)."""
         if self._executor is None or self._merge is None or self._seeds is None:
             return None
         engines, pending = self._executor.capture()
@@ -245,10 +249,8 @@ class ShardedService(ReadingServiceInterface):
         why = no_split(self._require_analysis(), one_piece=self._units == 1)
         if why is not None:
             layout[NO_SPLIT] = why
-        state = service_state(type(self).__name__, layout, self._seeds, self._merge, engines, self._units)
-        if self._tail is not None:
-            state.tail = self._tail.capture()
-        return state
+        return Taken.take(type(self).__name__, layout, self._seeds, self._merge, engines, self._units,
+                          self._tail.capture() if self._tail is not None else None)
 
     def plan(self, state: ServiceCheckpoint | ServiceState) -> ReshardPlan:
         """The re-shard plan of a restore of ``state`` onto this service alone (one rank)."""

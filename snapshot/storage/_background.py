@@ -147,6 +147,8 @@ class _Resident:
             try:
                 save.run(fn)
             finally:
+                # the capture is let go now, not at the next save: a staged copy of samples may be large
+                job = save = fn = None  # type: ignore[assignment]
                 self.idle.release()
 
     def take(self, save: _Save, fn: Callable[[], Any]) -> bool:

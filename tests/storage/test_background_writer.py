@@ -9,13 +9,16 @@ writes what a synchronous save at the same point writes.
 
 from __future__ import annotations
 
+import gc
 import os
 import textwrap
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
+import numpy
 import pytest
 from torch.utils.data.datapipes.iter import IterableWrapper
 
@@ -216,3 +219,62 @@ def test_the_writer_ends_with_the_interpreter_and_a_forked_child_has_its_own(tmp
     assert f"parent {dest}.parent" in output and f"child {dest}.child" in output
     assert "child exit status 0" in output
     assert snapshot.load(dest + ".last").yielded == 1
+
+
+class Copied:
+    """A sample whose staged copies (a background save deep-copies it) are tracked, weakly."""
+
+    copies: weakref.WeakSet[Copied] = weakref.WeakSet()
+
+    def __init__(self, value: int):
+        self.value = value
+
+    def __deepcopy__(self, memo: Any) -> Copied:
+        copy = Copied(self.value)
+        Copied.copies.add(copy)
+        return copy
+
+    def __reduce__(self) -> Any:
+        return (Copied, (self.value,))
+
+
+def test_the_writer_lets_a_save_s_capture_go_when_the_save_ends(tmp_path) -> None:
+    Copied.copies = weakref.WeakSet()
+    with snapshot.DataLoader2(IterableWrapper([Copied(i) for i in range(30)]).shuffle(buffer_size=8)) as dl:
+        dl.seed(1)
+        next(iter(dl))
+        before = len(Copied.copies)  # the loader's copy of the graph holds copies too
+        dl.save_snapshot(tmp_path / "a.snap", blocking=False).result(timeout=60)
+        assert len(Copied.copies) == before + 8  # the buffer, staged
+        for _ in range(600):  # the writer lets go after it settled the future
+            gc.collect()
+            if len(Copied.copies) == before:
+                break
+            time.sleep(0.1)
+        assert len(Copied.copies) == before  # before: held by the writer until the next save
+
+
+def test_a_process_exits_cleanly_after_a_background_save_staged_a_block_of_arrays(tmp_path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        import numpy
+        from torch.utils.data.datapipes.iter import IterableWrapper
+        import snapshot
+
+        # 16 arrays of 512 KiB: staged as one block of 8 MiB (numpy would ask huge pages for it)
+        items = [numpy.full(65536, i, dtype="<f8") for i in range(40)]
+        dl = snapshot.DataLoader2(IterableWrapper(items).shuffle(buffer_size=16))
+        dl.seed(0)
+        it = iter(dl)
+        next(it)
+        print("saved", dl.save_snapshot(sys.argv[1], blocking=False).result(timeout=60), flush=True)
+        next(it)
+    """))
+    dest = str(tmp_path / "s.snap")
+    output = run_job([str(script), dest], cwd=tmp_path, timeout=120)  # an abort at the exit fails it
+    assert f"saved {dest}" in output
+    with snapshot.DataLoader2(IterableWrapper([numpy.full(65536, i, dtype="<f8") for i in range(40)])
+                              .shuffle(buffer_size=16)) as dl:
+        dl.restore_snapshot(dest)
+        assert len(list(dl)) == 39

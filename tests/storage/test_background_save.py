@@ -125,6 +125,49 @@ def test_the_capture_shares_no_mutable_sample_with_the_graph() -> None:
     assert staged["buffer"][3] is blob  # immutable samples are shared, not copied
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_a_block_of_arrays_is_staged_in_order_across_threads(monkeypatch, threads) -> None:
+    numpy = pytest.importorskip("numpy")
+    monkeypatch.setattr(_staging, "_PER_THREAD", 16)  # a part per thread for this small block
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    items = [numpy.full((2, 3), i, dtype=numpy.int64) for i in range(7)]
+    staged = _staging.stage([*items])
+    for item in items:
+        item += 100
+    assert [a.tolist() for a in staged] == [[[i] * 3] * 2 for i in range(7)]
+    assert len({a.base.ctypes.data for a in staged if a.base is not None}) == 1  # rows of one block
+
+
+def test_prefaulting_a_block_changes_no_byte() -> None:
+    pytest.importorskip("numpy")
+    block = _staging._unadvised(5 * 4096)
+    block[:4096] = 7  # a page already there
+    part = block[100:3 * 4096 + 5]  # starts inside a page, ends inside another
+    _staging._prefault(part)
+    assert (block[:4096] == 7).all() and not block[4096:].any()
+    part[:] = 1
+    assert int(block.sum()) == 100 * 7 + part.nbytes and (block[3 * 4096 + 5:] == 0).all()
+
+
+def test_a_failed_part_of_a_staging_copy_is_raised(monkeypatch) -> None:
+    numpy = pytest.importorskip("numpy")
+    monkeypatch.setattr(_staging, "_PER_THREAD", 16)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    calls: list[int] = []
+    original = numpy.concatenate
+
+    def concatenate(items, axis, out):
+        calls.append(len(items))
+        if len(calls) == 2:
+            raise MemoryError("a part that failed")
+        return original(items, axis=axis, out=out)
+
+    monkeypatch.setattr(numpy, "concatenate", concatenate)
+    with pytest.raises(MemoryError, match="a part that failed"):
+        _staging.stage([numpy.zeros(200) for _ in range(8)])
+    assert sorted(calls) == [4, 4]
+
+
 def test_samples_changed_in_place_downstream_do_not_reach_the_saved_snapshot(tmp_path) -> None:
     def bump(t):
         t.add_(100)  # a training step that changes its batch in place

@@ -32,6 +32,7 @@ def test_scale_benchmark_prints_its_rows_and_budgets(tmp_path: Path) -> None:
     assert sorted((r[3], r[4]) for r in rows if len(r) > 4 and r[3] in ("bytes", "arrays")) == sorted(
         (kind, option) for kind in ("bytes", "arrays") for option in ("values", "positions"))
     assert "one tensor per item" in text and "budgets (each read from this run):" in text
+    assert "against a pickle.dump as durable as a save (fsync, rename, the directory's fsync)" in text
     for heading in ("1. peak memory of a save by value", "2. blocking part of a background save <= 5%",
                     "3. blocking part of a background save by value <= DCP"):
         assert heading in text, text

@@ -20,8 +20,13 @@ _DISPLAY_WIDTH = 80
 
 
 #: Per type, whether its instances are DataPipes: walking a graph asks of every attribute of every pipe,
-#: and ``isinstance`` against torch's DataPipe classes (ABCs) costs a Python-level check each time.
-_DATAPIPE_TYPES: dict[type, bool] = {}
+#: and ``isinstance`` against torch's DataPipe classes (ABCs) costs a Python-level check each time. The first
+#: check of a type walks every subclass of both (0.14-1.1 ms a type, 2 ms of a process's first restore): the
+#: builtin types of plain arguments are known not to be DataPipes (only ``register`` could make one so, and a
+#: builtin registered as a DataPipe would break torch's own checks).
+_DATAPIPE_TYPES: dict[type, bool] = dict.fromkeys(
+    (bool, int, float, complex, str, bytes, bytearray, type(None), range, slice, list, tuple, dict, set, frozenset,
+     types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.LambdaType, functools.partial), False)
 
 
 def _is_datapipe(value: Any) -> bool:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from torch.utils.data import IterDataPipe, MapDataPipe
 from torch.utils.data.datapipes.iter import Batcher, IterableWrapper, Mapper, Shuffler, Zipper
 
+from snapshot.engine import _tokens
 from snapshot.graph import Graph, compare_nodes
 from tests import graphs
 
@@ -144,3 +146,10 @@ def test_attribute_answers_as_getattr_does() -> None:
         if not callable(expected):
             assert got == expected, (obj, name)
     assert is_sharding_point(forwarding) and not is_sharding_point(plain)
+
+
+def test_the_types_known_not_to_be_datapipes_are_not_and_a_pipe_still_is() -> None:
+    known = [t for t, is_pipe in _tokens._DATAPIPE_TYPES.items() if not is_pipe]
+    assert range in known and dict in known  # the first check of each costs a walk of torch's subclasses
+    assert not any(issubclass(t, (IterDataPipe, MapDataPipe)) for t in known)
+    assert _tokens._is_datapipe(IterableWrapper(range(3))) and not _tokens._is_datapipe(range(3))

@@ -50,6 +50,15 @@ class Collected(dict[int, Any]):
         #: the record for later (a service that wraps another, or overrides it, may change the dict it returns).
         self.service: Any = None
 
+    def defer(self, make: Callable[[], _T]) -> _T | Later:
+        """A :class:`Later` of ``make`` that the save's thread makes (:func:`later`, for a caller that holds this
+        capture's values rather than running in its thread: the staging of a block of samples, whose rows are
+        made in the save's thread)."""
+        value = Later(make)
+        self[id(value)] = value  # taken by the staging as it is
+        self.later += 1
+        return value
+
     def make_later(self, value: Any) -> None:
         """Put in ``value`` (what the capture became once staged: its dicts, lists and dataclasses are the
         save's own) each :class:`Later`'s value; in the save's thread."""
@@ -100,12 +109,7 @@ def later(make: Callable[[], _T]) -> _T | Later:
     only what its caller copied for it (nothing the running graph changes) and returns a new value that
     holds nothing anyone changes."""
     found = getattr(_local, "found", None)
-    if found is None:
-        return make()
-    value = Later(make)
-    found[id(value)] = value  # taken by the staging as it is
-    found.later += 1
-    return value
+    return make() if found is None else found.defer(make)
 
 
 def collected() -> Collected | None:

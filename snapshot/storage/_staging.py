@@ -31,10 +31,11 @@ import dataclasses
 import enum
 import functools
 import mmap
+import operator
 import sys
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -56,26 +57,34 @@ _ATOMS = frozenset({bytes, str, int, float, complex, bool, type(None)})
 _NONE: Mapping[int, Any] = MappingProxyType({})
 
 
-def _block(items: list[Any]) -> list[Any] | None:
+_DTYPE, _SHAPE = operator.attrgetter("dtype"), operator.attrgetter("shape")
+
+
+def _block(items: list[Any], defer: Callable[[Callable[[], Any]], Any] | None = None) -> Any:
     """``items``, arrays (or CPU tensors that need no grad) of one dtype and shape, copied as one block:
-    the block's rows; ``None`` for any other list."""
+    the block's rows (``defer(make)`` of them, where the caller can make them later: 10,000 row views are
+    2-3 ms that the save's thread can spend instead); ``None`` for any other list."""
     kinds = set(map(type, items))
     if numpy is not None and kinds == {numpy.ndarray}:
-        layouts = {(a.dtype, a.shape) for a in items}
-        if len(layouts) != 1:
+        dtypes, shapes = set(map(_DTYPE, items)), set(map(_SHAPE, items))
+        if len(dtypes) != 1 or len(shapes) != 1:
             return None
-        dtype, shape = layouts.pop()
+        dtype, shape = dtypes.pop(), shapes.pop()
         if not shape or dtype.hasobject:
             return None
         block = _unadvised(len(items) * dtype.itemsize * int(numpy.prod(shape))).view(dtype)
         _gather(items, block.reshape(len(items) * shape[0], *shape[1:]))
-        return list(block.reshape(len(items), *shape))
-    if kinds == {torch.Tensor}:
+        rows: Any = block.reshape(len(items), *shape)
+    elif kinds == {torch.Tensor}:
         tensors = {(t.dtype, t.shape, t.device.type, t.layout, t.requires_grad) for t in items}
         if len(tensors) != 1 or tensors.pop()[2:] != ("cpu", torch.strided, False):
             return None
-        return list(torch.stack(items).unbind(0))
-    return None
+        rows = torch.stack(items).unbind(0)
+    else:
+        return None
+    # the block is the capture's own: its rows can be made at any time
+    make: Callable[[], list[Any]] = functools.partial(list, rows)
+    return make() if defer is None else defer(make)
 
 
 #: A block smaller than this is gathered by the calling thread alone (a thread costs ~0.1 ms to start).
@@ -182,7 +191,9 @@ def _plain(kind: type) -> bool:
 
 def stage(value: Any, fresh: Mapping[int, Any] = _NONE) -> Any:
     """A copy of ``value`` that shares only immutable leaves with it, and the values in ``fresh`` (by ``id``:
-    what :func:`snapshot.hooks._fresh.collecting` collected while ``value`` was captured)."""
+    what :func:`snapshot.hooks._fresh.collecting` collected while ``value`` was captured). Where ``fresh`` can
+    ``defer(make)`` (a background save's :class:`~snapshot.hooks._fresh.Collected`), the rows of a block of
+    samples are left for the save's thread to make."""
     kind = type(value)
     if kind in _ATOMS or id(value) in fresh:
         return value
@@ -193,7 +204,7 @@ def stage(value: Any, fresh: Mapping[int, Any] = _NONE) -> Any:
             return []
         if all(type(x) in _ATOMS for x in value):  # positions, counts, seeds: a shallow copy is a deep one
             return value.copy()
-        block = _block(value) if len(value) > 1 else None
+        block = _block(value, getattr(fresh, "defer", None)) if len(value) > 1 else None
         return block if block is not None else [stage(x, fresh) for x in value]
     if isinstance(value, _IMMUTABLE):
         return value

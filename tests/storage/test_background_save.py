@@ -14,6 +14,7 @@ import torch
 from torch.utils.data.datapipes.iter import IterableWrapper
 
 import snapshot
+from snapshot.hooks._fresh import Collected, Later
 from snapshot.reading_service import MultiProcessingReadingService
 from snapshot.storage import _staging
 from snapshot.testing import first_difference
@@ -147,6 +148,21 @@ def test_prefaulting_a_block_changes_no_byte() -> None:
     assert (block[:4096] == 7).all() and not block[4096:].any()
     part[:] = 1
     assert int(block.sum()) == 100 * 7 + part.nbytes and (block[3 * 4096 + 5:] == 0).all()
+
+
+@pytest.mark.parametrize("kind", ["arrays", "tensors"])
+def test_a_background_capture_leaves_a_blocks_rows_to_the_saves_thread(kind) -> None:
+    numpy = pytest.importorskip("numpy")
+    make = (lambda i: numpy.full(3, i)) if kind == "arrays" else (lambda i: torch.full((3,), i))
+    items = [make(i) for i in range(5)]
+    fresh = Collected()
+    staged = _staging.stage({"buffer": items}, fresh)
+    assert type(staged["buffer"]) is Later and fresh.later == 1
+    for item in items:
+        item += 10  # the graph goes on
+    fresh.make_later(staged)
+    assert [x.tolist() for x in staged["buffer"]] == [[i] * 3 for i in range(5)]
+    assert [x.tolist() for x in _staging.stage(items)] == [[i + 10] * 3 for i in range(5)]  # elsewhere: at once
 
 
 def test_a_failed_part_of_a_staging_copy_is_raised(monkeypatch) -> None:

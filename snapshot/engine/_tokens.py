@@ -26,7 +26,7 @@ _DISPLAY_WIDTH = 80
 #: builtin registered as a DataPipe would break torch's own checks).
 _DATAPIPE_TYPES: dict[type, bool] = dict.fromkeys(
     (bool, int, float, complex, str, bytes, bytearray, type(None), range, slice, list, tuple, dict, set, frozenset,
-     types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.LambdaType, functools.partial), False)
+     types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial), False)
 
 
 def _is_datapipe(value: Any) -> bool:
